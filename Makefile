@@ -1,0 +1,41 @@
+# slurm-ft: the README's two commands are `make demo` and `make test` (as root, Debian 12/13).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+LAB_DIR ?= /var/tmp/slurm-ft-lab
+
+.PHONY: setup system venv demo test test-unit lab-up lab-down spank bench clean
+
+setup: system venv spank
+
+system:
+	sh scripts/setup-system.sh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+spank:
+	@if [ -f spank/Makefile ]; then $(MAKE) -s -C spank; fi
+
+demo: setup
+	$(PY) -m slurm_ft.cli lab demo --dir $(LAB_DIR)
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+test-unit: venv
+	$(PY) -m pytest -q -m "not lab"
+
+lab-up: setup
+	$(PY) -m slurm_ft.cli lab up --dir $(LAB_DIR)
+
+lab-down: venv
+	$(PY) -m slurm_ft.cli lab down --dir $(LAB_DIR)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

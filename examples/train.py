@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""A tiny "training" job for the slurm-ft demo: counts steps, checkpoints every K steps and on
+SIGUSR1, resumes from its checkpoint when Slurm runs it again (requeue).
+
+Checkpoints are fenced by attempt (``SLURM_RESTART_COUNT``): a stale copy of an older attempt
+(e.g. still running on a node Slurm lost) never overwrites a newer attempt's checkpoint.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+
+def load(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {"step": 0, "attempt": -1}
+
+
+def save(path, step, attempt):
+    current = load(path)
+    if current.get("attempt", -1) > attempt:
+        print(f"attempt {attempt}: not saving, attempt {current['attempt']} owns the checkpoint", flush=True)
+        return False
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"step": step, "attempt": attempt, "time": time.time()}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--step-time", type=float, default=0.25, help="seconds per step")
+    ap.add_argument("--every", type=int, default=5, help="checkpoint every K steps")
+    ap.add_argument("--ckpt", required=True, help="checkpoint file")
+    args = ap.parse_args()
+
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    state = load(args.ckpt)
+    step = state["step"]
+    if step:
+        print(f"attempt {attempt} on {node} (GPU {gpus}): resuming from step {step}", flush=True)
+    else:
+        print(f"attempt {attempt} on {node} (GPU {gpus}): starting from step 0", flush=True)
+
+    want_save = []
+    signal.signal(signal.SIGUSR1, lambda *_: want_save.append(True))
+    while step < args.steps:
+        time.sleep(args.step_time)
+        step += 1
+        if step % args.every == 0 or want_save:
+            if save(args.ckpt, step, attempt) and want_save:
+                print(f"attempt {attempt}: checkpoint at step {step} on signal", flush=True)
+            want_save.clear()
+    save(args.ckpt, step, attempt)
+    print(f"attempt {attempt} on {node}: done at step {step}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""``slurm-ft`` command line: click entry points only; library errors become ``Error: ...``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from . import config as config_mod
+from .errors import SlurmFTError
+from .lab import layout as lab_layout
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@click.group()
+@click.version_option(package_name="slurm-ft")
+def main() -> None:
+    """Automatic fault tolerance for GPU training jobs on Slurm."""
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Run one cycle and exit (cron-style).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def daemon(once: bool, config_path: str | None, verbose: bool) -> None:
+    """Requeue daemon: fail hardware-faulted jobs over to healthy nodes (runs as root on the controller)."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    from .failover.daemon import Daemon
+    try:
+        Daemon(config_mod.load(config_path)).run(once=once)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+
+
+# ------------------------------------------------------------------------------------------ lab
+@main.group()
+def lab() -> None:
+    """The local lab cluster (munge + slurmctld + N slurmd on this host) for the demo and tests."""
+
+
+_dir_option = click.option("--dir", "lab_dir", type=click.Path(file_okay=False), default=str(lab_layout.DEFAULT_DIR),
+                           show_default=True, help="Lab directory (config, state, logs, journals).")
+
+
+def _lab(lab_dir: str):
+    from .lab.cluster import Lab
+    return Lab(lab_dir)
+
+
+@lab.command("up")
+@click.option("--nodes", type=click.IntRange(1, lab_layout.MAX_NODES), default=3, show_default=True,
+              help="Number of slurmd nodes.")
+@click.option("--no-daemon", is_flag=True, help="Do not start the slurm-ft requeue daemon.")
+@_dir_option
+def lab_up(nodes: int, no_daemon: bool, lab_dir: str) -> None:
+    """Start the lab cluster (idempotent; copes with stale state from a killed lab)."""
+    try:
+        _lab(lab_dir).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+
+
+@lab.command("down")
+@_dir_option
+def lab_down(lab_dir: str) -> None:
+    """Stop the processes the lab started (by pid); leaves nothing running."""
+    try:
+        _lab(lab_dir).down(log=click.echo)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+
+
+@lab.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_dir_option
+def lab_status(as_json: bool, lab_dir: str) -> None:
+    """Show the lab's processes and nodes; exit 1 if it is not running."""
+    st = _lab(lab_dir).status()
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+    else:
+        click.echo(f"lab {st['dir']}: {'running' if st['running'] else 'not running'}")
+        for p in st["processes"]:
+            click.echo(f"  {p['name']:<16} pid {p['pid']:<7} {'alive' if p['alive'] else 'dead'}")
+        for line in st.get("sinfo", []):
+            click.echo(f"  {line}")
+    sys.exit(0 if st["running"] else 1)
+
+
+@lab.command("inject-xid")
+@click.argument("node")
+@click.argument("xid", type=click.IntRange(0, 999))
+@click.option("--gpu", type=click.IntRange(min=0), default=0, show_default=True, help="GPU index on the node.")
+@click.option("--no-kill", is_flag=True, help="Only write the kernel log line; leave the job running.")
+def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool) -> None:
+    """Write a real-format NVRM Xid line for NODE's GPU into /dev/kmsg and kill the job processes
+    on that GPU, as a lost GPU does."""
+    from .lab.inject import inject_xid
+    try:
+        done = inject_xid(node, xid, gpu, kill=not no_kill)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+    click.echo(f"kmsg: {done['line']}")
+    for k in done["killed"]:
+        click.echo(f"killed pid {k['pid']} (job {k['job']})")
+
+
+@lab.command("set-gpu")
+@click.argument("node")
+@click.argument("gpu", type=click.IntRange(min=0))
+@click.argument("assignments", nargs=-1, required=True)
+@_dir_option
+def lab_set_gpu(node: str, gpu: int, assignments: tuple[str, ...], lab_dir: str) -> None:
+    """Change a fake GPU's state: ``slurm-ft lab set-gpu n1 0 remapped_rows_pending=1``."""
+    from .nvml import fake
+    path = _lab(lab_dir).lay.inventory(node)
+    if not path.exists():
+        raise click.ClickException(f"no fake GPU inventory for node {node!r} ({path})")
+    try:
+        for a in assignments:
+            key, sep, value = a.partition("=")
+            if not sep:
+                raise click.UsageError(f"{a!r}: expected key=value")
+            fake.set_gpu_field(str(path), gpu, key, value)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+
+
+@lab.command("demo")
+@_dir_option
+def lab_demo(lab_dir: str) -> None:
+    """Failover demo: train on the lab, inject Xid 79 on its node, watch it resume elsewhere."""
+    from .lab.demo import run_demo
+    try:
+        ok = run_demo(lab_dir, log=click.echo)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+    sys.exit(0 if ok else 1)
+
+
+def _add_optional(module: str, attr: str) -> None:
+    """Sub-commands owned by sub-packages (classify, health)."""
+    import importlib
+    try:
+        main.add_command(getattr(importlib.import_module(module), attr))
+    except (ImportError, AttributeError):
+        pass
+
+
+_add_optional("slurm_ft.classify.cli", "classify_command")
+_add_optional("slurm_ft.health.cli", "health_command")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""One typed config for every slurm-ft process, loaded from TOML, strict.
+
+Lookup order (first that exists wins):
+  1. ``$SLURM_FT_CONFIG``
+  2. ``slurm-ft.toml`` beside ``$SLURM_CONF`` (so a cluster's config travels with slurm.conf,
+     like gres.conf; the lab uses this)
+  3. ``/etc/slurm-ft/slurm-ft.toml``
+  4. built-in defaults
+
+Unknown keys and bad values raise :class:`ConfigError` naming the key.
+Sections owned by a sub-package (``[classify]``, ``[health]``) are validated by that package's
+``from_config(table)`` at load time, so a typo there is also an error at load time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_PATH = Path("/etc/slurm-ft/slurm-ft.toml")
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    #: The daemon's journal (controller host).
+    path: str = "/var/lib/slurm-ft/journal.db"
+    #: Each compute node's own journal; ``{node}`` is replaced by the Slurm node name.
+    node_path: str = "/var/lib/slurm-ft/node-{node}.db"
+
+
+@dataclass(frozen=True)
+class FailoverConfig:
+    #: Retries (requeues after a hardware verdict) per job unless the job asks otherwise.
+    retries: int = 3
+    #: A failed-over job gets a priority this far above the highest pending or running job
+    #: (``scontrol update Priority=``), so it runs before jobs already waiting; 0 keeps Slurm's.
+    priority_boost: int = 1000
+    #: Drain the node blamed by a hardware verdict.
+    drain: bool = True
+    #: Seconds between daemon cycles.
+    poll_interval_s: float = 0.5
+    #: Seconds to wait for a requeued job to leave COMPLETING before ``StartTime=now``.
+    completing_timeout_s: float = 60.0
+    #: Node field used as the per-node verdict mailbox (see docs/architecture.md).
+    mailbox_field: str = "Extra"
+    #: Verdict records kept per node mailbox (oldest dropped first).
+    mailbox_keep: int = 16
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    #: Seconds before any Slurm command is abandoned.
+    command_timeout_s: float = 10.0
+    #: Directory holding the Slurm commands (fixed: root code never searches $PATH).
+    bin_dir: str = "/usr/bin"
+
+
+@dataclass(frozen=True)
+class NvmlConfig:
+    #: ``real`` (pynvml on the driver) or ``fake`` (inventory JSON, for labs and tests).
+    backend: str = "real"
+    #: Fake backend only: inventory file; ``{node}`` is replaced by the node name.
+    inventory: str = ""
+
+
+@dataclass(frozen=True)
+class NodeStateConfig:
+    #: Root-owned directory where the prolog leaves per-job markers for the epilog.
+    dir: str = "/var/lib/slurm-ft/jobs"
+    #: Log file of the prolog/epilog (``{node}`` replaced); "" = stderr only (slurmd drops it).
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    failover: FailoverConfig = field(default_factory=FailoverConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    nvml: NvmlConfig = field(default_factory=NvmlConfig)
+    node_state: NodeStateConfig = field(default_factory=NodeStateConfig)
+    #: Raw ``[classify]`` table, validated by ``slurm_ft.classify``.
+    classify: dict[str, Any] = field(default_factory=dict)
+    #: Raw ``[health]`` table, validated by ``slurm_ft.health``.
+    health: dict[str, Any] = field(default_factory=dict)
+    #: Where this config came from (None: built-in defaults).
+    source: str | None = None
+
+    def node_journal_path(self, node: str) -> str:
+        return self.journal.node_path.replace("{node}", node)
+
+    def nvml_inventory_path(self, node: str) -> str:
+        return self.nvml.inventory.replace("{node}", node)
+
+
+_SECTIONS = {
+    "journal": JournalConfig,
+    "failover": FailoverConfig,
+    "slurm": SlurmConfig,
+    "nvml": NvmlConfig,
+    "node_state": NodeStateConfig,
+}
+_RAW_SECTIONS = ("classify", "health")
+
+
+def _check_value(where: str, value: Any, default: Any) -> Any:
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not kind:
+        raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _validate(cfg: Config) -> None:
+    f = cfg.failover
+    if f.retries < 0:
+        raise ConfigError(f"failover.retries: must be 0 (never requeue) or more, got {f.retries}")
+    if f.retries > 100:
+        raise ConfigError(f"failover.retries: at most 100, got {f.retries}")
+    if f.priority_boost < 0:
+        raise ConfigError(f"failover.priority_boost: must be >= 0, got {f.priority_boost}")
+    if f.poll_interval_s <= 0:
+        raise ConfigError("failover.poll_interval_s: must be > 0")
+    if f.mailbox_field not in ("Extra", "Comment"):
+        raise ConfigError(f"failover.mailbox_field: Extra or Comment, got {f.mailbox_field!r}")
+    if cfg.nvml.backend not in ("real", "fake"):
+        raise ConfigError(f"nvml.backend: real or fake, got {cfg.nvml.backend!r}")
+    if cfg.nvml.backend == "fake" and not cfg.nvml.inventory:
+        raise ConfigError("nvml.inventory: required when nvml.backend = 'fake'")
+    if cfg.slurm.command_timeout_s <= 0:
+        raise ConfigError("slurm.command_timeout_s: must be > 0")
+
+
+def from_dict(data: dict[str, Any], source: str | None = None) -> Config:
+    """Build a :class:`Config` from a parsed TOML table.
+
+    Raises :class:`ConfigError` for unknown sections/keys or values of the wrong type.
+    """
+    kwargs: dict[str, Any] = {"source": source}
+    for name, value in data.items():
+        if name in _RAW_SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"[{name}]: must be a table")
+            kwargs[name] = value
+            continue
+        section = _SECTIONS.get(name)
+        if section is None:
+            raise ConfigError(f"unknown section [{name}] (known: {', '.join([*_SECTIONS, *_RAW_SECTIONS])})")
+        if not isinstance(value, dict):
+            raise ConfigError(f"[{name}]: must be a table")
+        defaults = section()
+        known = {f.name for f in dataclasses.fields(section)}
+        values = {}
+        for key, v in value.items():
+            if key not in known:
+                raise ConfigError(f"unknown key {name}.{key} (known: {', '.join(sorted(known))})")
+            values[key] = _check_value(f"{name}.{key}", v, getattr(defaults, key))
+        kwargs[name] = section(**values)
+    cfg = Config(**kwargs)
+    _validate(cfg)
+    _validate_subsections(cfg)
+    return cfg
+
+
+def _validate_subsections(cfg: Config) -> None:
+    """Let the sub-packages reject typos in their own sections at load time."""
+    if cfg.classify:
+        from .classify import policy as classify_policy  # local: keeps epilog start-up lean
+
+        classify_policy.from_config(cfg.classify)
+    if cfg.health:
+        from .health import config as health_config
+
+        health_config.from_config(cfg.health)
+
+
+def find_path(env: dict[str, str] | None = None) -> Path | None:
+    """Return the config file to load per the lookup order above, or None for defaults."""
+    env = os.environ if env is None else env
+    explicit = env.get("SLURM_FT_CONFIG")
+    if explicit:
+        return Path(explicit)
+    slurm_conf = env.get("SLURM_CONF")
+    if slurm_conf:
+        beside = Path(slurm_conf).parent / "slurm-ft.toml"
+        if beside.is_file():
+            return beside
+    if DEFAULT_PATH.is_file():
+        return DEFAULT_PATH
+    return None
+
+
+def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Config:
+    """Load the config from ``path`` or the lookup order. Raises :class:`ConfigError`."""
+    p = Path(path) if path is not None else find_path(env)
+    if p is None:
+        return Config()
+    try:
+        with open(p, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except PermissionError:
+        raise ConfigError(f"{p}: permission denied") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    try:
+        return from_dict(data, source=str(p))
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None

@@ -1,0 +1,153 @@
+"""Node epilog: classify how the job ended on this node and hand the verdict on.
+
+Run by slurmd as root on every node of a job when it ends (``Epilog=.../epilog/slurm-ft-epilog``).
+Reads: ``SLURM_JOB_ID``, ``SLURMD_NODENAME``, ``SLURM_JOB_RESTART_COUNT``, ``SLURM_JOB_EXIT_CODE``
+(wait status), ``SLURM_JOB_GPUS``, ``SLURM_JOB_UID``, ``SLURM_JOB_STDOUT``/``STDERR``,
+``SLURM_JOB_WORK_DIR``; the kernel log since the job started (``/dev/kmsg``); this node's GPU
+inventory (NVML). Writes: the node's own journal; a non-ok verdict also goes to the node's mailbox
+field in Slurm (see ``failover.mailbox``), where the daemon picks it up.
+
+Always exits 0: a non-zero epilog would make Slurm drain the node as "Epilog error", and a bug of
+ours must never take a healthy node out of service. Errors go to stderr (slurmd's log).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from . import config as config_mod
+from .errors import SlurmFTError
+from .nodejob import BadEnvironment, NodeJob, pop_start_marker
+from .nodelog import NodeLog
+
+#: If the prolog left no start marker, look this far back in the kernel log (seconds).
+FALLBACK_WINDOW_S = 3600.0
+#: Bytes of the job's output read for evidence.
+STDERR_TAIL_BYTES = 64 << 10
+
+
+def expand_output_pattern(pattern: str, job: NodeJob) -> str | None:
+    """Expand the Slurm filename pattern of the job's output for this node.
+
+    Only the job-level escapes are expanded (``%j %J %A %u %N %n %t %%``, plus ``%x`` is not known
+    here: None is returned so we never guess a path).
+    """
+    if "%x" in pattern or "%a" in pattern:
+        return None
+    out, i = [], 0
+    subs = {"j": str(job.job_id), "J": str(job.job_id), "A": str(job.job_id), "N": job.node, "n": "0",
+            "t": "0", "%": "%"}
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "%" and i + 1 < len(pattern):
+            j = i + 1
+            while j < len(pattern) and pattern[j].isdigit():
+                j += 1
+            key = pattern[j] if j < len(pattern) else ""
+            if key == "u":
+                import pwd
+                try:
+                    out.append(pwd.getpwuid(job.uid).pw_name if job.uid is not None else "")
+                except KeyError:
+                    return None
+            elif key in subs:
+                out.append(subs[key])
+            else:
+                return None
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    path = "".join(out)
+    if not os.path.isabs(path) and job.work_dir:
+        path = os.path.join(job.work_dir, path)
+    return path
+
+
+def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
+    """Collect the Evidence for this job on this node. Each source is optional: a failing source
+    is logged and skipped, never fatal."""
+    from . import nvml
+    from .classify import Evidence, normalise_bus_id
+    from .classify.sources import read_kmsg, read_tail_safely
+
+    node_bus: dict[str, int] | None = None
+    job_bus: frozenset[str] | None = None
+    try:
+        nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(job.node) if cfg.nvml.inventory else None)
+        node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
+        if job.gpus is not None:
+            by_index = {i: b for b, i in node_bus.items()}
+            job_bus = frozenset(by_index[g] for g in job.gpus if g in by_index)
+    except Exception as exc:  # NVML down is evidence-poor, not fatal
+        log(f"GPU inventory unavailable: {exc}")
+    try:
+        kernel = read_kmsg(since_monotonic)
+    except SlurmFTError as exc:
+        log(f"kernel log unavailable: {exc}")
+        kernel = []
+    tail = ""
+    seen = set()
+    for pattern in (job.stderr, job.stdout):
+        path = expand_output_pattern(pattern, job) if pattern else None
+        if not path or path in seen:
+            continue
+        seen.add(path)
+        try:
+            tail += read_tail_safely(path, expected_uid=job.uid, max_bytes=STDERR_TAIL_BYTES)
+        except SlurmFTError as exc:
+            log(f"job output not read: {exc}")
+    return Evidence(kernel_lines=kernel, stderr_tail=tail, exit_code=job.exit_code, signal=job.signal,
+                    job_bus_ids=job_bus, node_bus_ids=node_bus)
+
+
+def run(env: dict[str, str] | None = None) -> int:
+    """The whole epilog; returns the process exit status (always 0, see module doc)."""
+    try:
+        job = NodeJob.from_env(env)
+    except BadEnvironment as exc:
+        NodeLog("epilog")(str(exc))
+        return 0
+    log = NodeLog("epilog", job)
+    try:
+        cfg = config_mod.load(env=env)
+        log = NodeLog("epilog", job, cfg.node_state.log)
+        marker = pop_start_marker(cfg.node_state.dir, job)
+        since = marker["monotonic"] - 1.0 if marker else time.monotonic() - FALLBACK_WINDOW_S
+        from .classify import classify
+        evidence = gather_evidence(cfg, job, since, log)
+        verdict = classify(evidence)
+        record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
+    except SlurmFTError as exc:
+        log(f"error: {exc}")
+    except Exception as exc:  # never fail the epilog: log and let the daemon see a missing verdict
+        import traceback
+        log(f"internal error: {exc!r}\n{traceback.format_exc()}")
+    return 0
+
+
+def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None:
+    """Node journal first (never lost), then the mailbox for the daemon (non-ok verdicts only)."""
+    from .failover import mailbox
+    from .journal import open_journal
+    from .slurm import Slurm
+
+    d = verdict.to_dict()
+    with open_journal(cfg.node_journal_path(job.node)) as journal:
+        journal.upsert_attempt(job.job_id, job.attempt, nodes=job.node, start=start, end=time.time(),
+                               exit_code=job.exit_code, signal=job.signal)
+        journal.add_verdict(job.job_id, job.attempt, job.node, d["verdict"], d["rule"], d["xids"], d["evidence"],
+                            d["action"], job.exit_code, source="epilog")
+    log(f"verdict {d['verdict']} ({d['rule']})")
+    if d["verdict"] == "ok":
+        return
+    rec = mailbox.new_record(job.job_id, job.attempt, d["verdict"], d["rule"],
+                             [(x["xid"], x.get("bus_id") or "") for x in d["xids"]], job.exit_code)
+    mailbox.publish(Slurm.from_config(cfg), job.node, rec, field=cfg.failover.mailbox_field,
+                    keep=cfg.failover.mailbox_keep, lock_dir=cfg.node_state.dir)
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,92 @@
+"""``ft-history``: a job's retry chain, one row per attempt, from the daemon's journal."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from . import config as config_mod
+from .errors import SlurmFTError
+from .journal import open_journal
+
+
+def history(journal, job_id: int) -> dict:
+    """``{"job_id", "name", "ft_state", "retries", "attempts": [...]}``; each attempt has
+    ``attempt, nodes, start, end, state, verdict, rule, xids, action`` (times epoch seconds)."""
+    job = journal.job(job_id)
+    if job is None:
+        raise SlurmFTError(f"job {job_id} is not in the journal {journal.path} (not ft-enabled, or unknown)")
+    rows = []
+    for a in journal.attempts(job_id):
+        verdicts = journal.verdicts(job_id, a["attempt"])
+        actions = [x for x in journal.actions(job_id, a["attempt"]) if x["status"] != "intent"]
+        worst = next((v for c in ("hardware", "hang", "infra", "user", "unknown", "ok")
+                      for v in verdicts if v["verdict"] == c), None)
+        rows.append({
+            "attempt": a["attempt"], "nodes": a["nodes"], "start": a["start"], "end": a["end"],
+            "state": a["state"], "exit_code": a["exit_code"], "signal": a["signal"],
+            "verdict": worst["verdict"] if worst else None, "rule": worst["rule"] if worst else None,
+            "xids": sorted({f"{x['xid']}@{x.get('bus_id') or '?'}" for v in verdicts for x in v["xids"]}),
+            "verdicts": [{k: v[k] for k in ("node", "verdict", "rule", "xids", "evidence")} for v in verdicts],
+            "action": _summarise(actions),
+            "actions": [{k: x[k] for k in ("action", "target", "detail", "status", "created")} for x in actions],
+        })
+    return {"job_id": job_id, "name": job["name"], "ft_state": job["ft_state"], "retries": job["retries"],
+            "excluded_nodes": job["excluded_nodes"], "attempts": rows}
+
+
+def _summarise(actions: list[dict]) -> str:
+    parts = []
+    for x in actions:
+        if x["action"] == "drain" and x["status"] == "done":
+            parts.append(f"drain {x['target']}")
+        elif x["action"] == "requeue" and x["status"] == "done":
+            parts.append("requeue")
+        elif x["action"] == "decide":
+            parts.append(x["detail"].split(":")[0])
+        elif x["status"] == "failed":
+            parts.append(f"{x['action']} failed")
+    return ", ".join(parts) or "-"
+
+
+def _t(ts) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def render_table(h: dict) -> str:
+    head = ("ATTEMPT", "NODES", "START", "END", "STATE", "VERDICT", "XIDS", "ACTION")
+    rows = [(str(a["attempt"]), a["nodes"] or "-", _t(a["start"]), _t(a["end"]), a["state"] or "-",
+             f"{a['verdict']} ({a['rule']})" if a["verdict"] else "-", ",".join(a["xids"]) or "-", a["action"])
+            for a in h["attempts"]]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = [f"Job {h['job_id']} ({h['name']}): ft state {h['ft_state']}, retries {h['retries']}"]
+    for r in [head, *rows]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(lines)
+
+
+@click.command(name="ft-history")
+@click.option("-j", "--jobs", "job_id", type=click.IntRange(min=1), required=True, help="Job id to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal file (default: config).")
+def command(job_id: int, as_json: bool, journal_path: str | None) -> None:
+    """Show a fault-tolerant job's retry chain: one row per attempt (nodes, times, Slurm state,
+    verdict, Xids, what slurm-ft did)."""
+    try:
+        path = journal_path or config_mod.load().journal.path
+        with open_journal(path) as journal:
+            h = history(journal, job_id)
+    except SlurmFTError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(h, indent=2) if as_json else render_table(h))
+
+
+def main() -> None:
+    command(prog_name="ft-history")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

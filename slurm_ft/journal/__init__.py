@@ -1,0 +1,9 @@
+"""The SQLite journal (sqlite-utils, WAL): jobs, attempts, verdicts, actions, health results.
+
+One schema serves both the daemon's journal (controller) and each node's own journal (compute
+node, written by prolog/epilog). Times are epoch seconds (float). JSON columns hold lists.
+"""
+
+from .store import Journal, open_journal
+
+__all__ = ["Journal", "open_journal"]

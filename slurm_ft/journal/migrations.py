@@ -1,0 +1,64 @@
+"""Schema migrations: applied in order, one transaction each, recorded in ``_migrations``.
+
+Never edit a migration that has shipped; add a new one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import sqlite_utils
+
+
+def m001_initial(db: sqlite_utils.Database) -> None:
+    db["jobs"].create({
+        "job_id": int, "name": str, "user": str, "ft_enabled": int, "retries": int,
+        "ft_state": str, "excluded_nodes": str, "created": float, "updated": float,
+    }, pk="job_id")
+    db["attempts"].create({
+        "job_id": int, "attempt": int, "nodes": str, "start": float, "end": float,
+        "exit_code": int, "signal": int, "state": str, "updated": float,
+    }, pk=("job_id", "attempt"))
+    db["verdicts"].create({
+        "id": int, "job_id": int, "attempt": int, "node": str, "verdict": str, "rule": str,
+        "xids": str, "evidence": str, "action": str, "exit_code": int, "source": str, "created": float,
+    }, pk="id")
+    db["verdicts"].create_index(["job_id", "attempt", "node"], unique=True)
+    db["actions"].create({
+        "id": int, "job_id": int, "attempt": int, "action": str, "target": str, "detail": str,
+        "status": str, "created": float, "finished": float,
+    }, pk="id")
+    db["actions"].create_index(["job_id", "attempt"])
+    db["health"].create({
+        "id": int, "node": str, "job_id": int, "check_name": str, "status": str, "gpu": int,
+        "measurement": str, "value": str, "detail": str, "created": float,
+    }, pk="id")
+    db["health"].create_index(["node", "created"])
+    db["mailbox_seen"].create({"node": str, "key": str, "seen": float}, pk=("node", "key"))
+
+
+MIGRATIONS = [("001_initial", m001_initial)]
+
+
+def apply(db: sqlite_utils.Database) -> list[str]:
+    """Apply pending migrations; returns the names applied now."""
+    conn = db.conn
+    conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied REAL)")
+    done = {row[0] for row in conn.execute("SELECT name FROM _migrations")}
+    applied = []
+    for name, fn in MIGRATIONS:
+        if name in done:
+            continue
+        with conn:  # one transaction per step
+            conn.execute("BEGIN IMMEDIATE")
+            # re-check under the write lock: another process may have migrated meanwhile
+            if conn.execute("SELECT 1 FROM _migrations WHERE name = ?", (name,)).fetchone():
+                continue
+            fn(db)
+            conn.execute("INSERT INTO _migrations (name, applied) VALUES (?, ?)", (name, time.time()))
+        applied.append(name)
+    return applied
+
+
+def known() -> set[str]:
+    return {name for name, _ in MIGRATIONS}

@@ -1,0 +1,421 @@
+"""Start, stop and inspect the lab cluster: munge + slurmctld + N slurmd on this host.
+
+Facts this relies on are in ``shared/SLURM_LAB_NOTES.md`` (several slurmd on one host by port,
+fake gres device files, the fast requeue path). Survives being killed: ``up`` ignores stale pid
+files, sockets and state; it only ever signals pids it recorded itself *and* that still have the
+start time and command it recorded (so a recycled pid is never killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import LabError
+from ..slurm import SAFE_PATH
+from . import layout as L
+from .layout import Layout
+
+SBIN = "/usr/sbin"
+BIN = "/usr/bin"
+
+
+# --------------------------------------------------------------------------------- processes
+def _proc_start(pid: int) -> str | None:
+    """Kernel start time (clock ticks since boot) of ``pid``, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return fields[19]
+
+
+def _alive(rec: dict) -> bool:
+    return _proc_start(rec["pid"]) == rec["start"]
+
+
+@dataclass
+class Proc:
+    name: str
+    pid: int
+    start: str
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "pid": self.pid, "start": self.start}
+
+
+def _spawn(name: str, argv: list[str], log: Path, env: dict[str, str]) -> Proc:
+    with open(log, "ab") as out:
+        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, start_new_session=True, close_fds=True)
+    for _ in range(50):
+        start = _proc_start(p.pid)
+        if start:
+            return Proc(name, p.pid, start)
+        time.sleep(0.01)
+    raise LabError(f"{name} exited at once; log tail:\n{tail(log)}")
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_owner(port: int) -> str:
+    try:
+        out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True,
+                             timeout=5, env={"PATH": SAFE_PATH}).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return out or "unknown process"
+
+
+# --------------------------------------------------------------------------------- config files
+def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path) -> str:
+    host = socket.gethostname().split(".")[0]
+    d = lay.dir
+    lines = [
+        "# Written by `slurm-ft lab up`; regenerated on every fresh start.",
+        "ClusterName=slurmftlab",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        "SlurmUser=root", "SlurmdUser=root",
+        f"SlurmctldPort={L.CTLD_PORT}", f"SlurmdPort={L.SLURMD_BASE_PORT}",
+        "AuthType=auth/munge", "CryptoType=crypto/munge",
+        f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n",
+        f"SlurmctldPidFile={d}/run/slurmctld.pid", f"SlurmdPidFile={d}/run/slurmd-%n.pid",
+        f"SlurmctldLogFile={d}/log/slurmctld.log", f"SlurmdLogFile={d}/log/slurmd-%n.log",
+        "SlurmctldDebug=info", "SlurmdDebug=info",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+        "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none", "MpiDefault=none",
+        "ReturnToService=2", "SlurmdTimeout=10", "InactiveLimit=0", "KillWait=5", "MinJobAge=600",
+        "SlurmdParameters=config_overrides",
+        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
+        "GresTypes=gpu",
+        f"Prolog={repo}/prolog/slurm-ft-prolog", f"Epilog={repo}/epilog/slurm-ft-epilog",
+        "PrologFlags=Alloc", "PrologEpilogTimeout=60",
+    ]
+    for i, n in enumerate(nodes, start=1):
+        lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={L.SLURMD_BASE_PORT + L.node_number(n)} "
+                     f"CPUs=4 RealMemory=4000 Gres=gpu:{L.GPUS_PER_NODE} State=UNKNOWN")
+    lines.append(f"PartitionName=gpu Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(lay: Layout, nodes: list[str]) -> str:
+    last = L.GPUS_PER_NODE - 1
+    return "".join(f"NodeName={n} Name=gpu File={lay.dev_dir(n)}/nvidia[0-{last}]\n" for n in nodes)
+
+
+def render_ft_conf(lay: Layout) -> str:
+    return f"""# slurm-ft config of the lab cluster (written by `slurm-ft lab up`).
+[journal]
+path = "{lay.daemon_journal}"
+node_path = "{lay.journal_dir}/node-{{node}}.db"
+
+[nvml]
+backend = "fake"
+inventory = "{lay.dir}/nvml/{{node}}.json"
+
+[node_state]
+dir = "{lay.dir}/nodestate"
+log = "{lay.log_dir}/node-{{node}}.log"
+
+[slurm]
+command_timeout_s = 10.0
+
+[failover]
+poll_interval_s = 0.2
+"""
+
+
+# --------------------------------------------------------------------------------- the lab
+class Lab:
+    """One lab cluster rooted at ``dir``."""
+
+    def __init__(self, dir: str | os.PathLike = L.DEFAULT_DIR):
+        self.lay = Layout(Path(dir).resolve())
+        self.repo = L.repo_root()
+
+    # state file --------------------------------------------------------------
+    def _read_state(self) -> dict:
+        try:
+            return json.loads(self.lay.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self, state: dict) -> None:
+        tmp = self.lay.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self.lay.state_file)
+
+    def nodes(self) -> list[str]:
+        return self._read_state().get("nodes", [])
+
+    def env(self) -> dict[str, str]:
+        env = self.lay.env()
+        env["PATH"] = f"{Path(sys.executable).parent}:{SAFE_PATH}"
+        return env
+
+    def _slurm_env(self) -> dict[str, str]:
+        return {"PATH": SAFE_PATH, "SLURM_CONF": str(self.lay.slurm_conf), "LC_ALL": "C"}
+
+    # status --------------------------------------------------------------------
+    def processes(self) -> list[dict]:
+        """Recorded processes with an ``alive`` flag."""
+        return [{**p, "alive": _alive(p)} for p in self._read_state().get("procs", [])]
+
+    def status(self) -> dict:
+        state = self._read_state()
+        procs = self.processes()
+        info = {"dir": str(self.lay.dir), "repo": state.get("repo"), "nodes": state.get("nodes", []),
+                "processes": procs, "running": bool(procs) and all(p["alive"] for p in procs)}
+        if info["running"]:
+            try:
+                out = subprocess.run([f"{BIN}/sinfo", "-N", "-h", "-o", "%N %T %E"], capture_output=True,
+                                     text=True, timeout=10, env=self._slurm_env()).stdout
+                info["sinfo"] = out.strip().splitlines()
+            except (OSError, subprocess.TimeoutExpired):
+                info["sinfo"] = []
+        return info
+
+    # up --------------------------------------------------------------------------
+    def up(self, nodes: int = 3, daemon: bool = True, log=print) -> dict:
+        """Start the lab (idempotent). Raises :class:`LabError` with the daemon's log tail."""
+        if os.geteuid() != 0:
+            raise LabError("the lab runs Slurm daemons as root: run as root")
+        if not 1 <= nodes <= L.MAX_NODES:
+            raise LabError(f"--nodes must be 1..{L.MAX_NODES}, got {nodes}")
+        for exe in (f"{SBIN}/slurmctld", f"{SBIN}/slurmd", f"{SBIN}/munged", f"{BIN}/sinfo"):
+            if not os.access(exe, os.X_OK):
+                raise LabError(f"{exe} missing: install Debian's slurmctld slurmd slurm-client munge (make setup)")
+        want = L.node_names(nodes)
+        state = self._read_state()
+        procs = self.processes()
+        if (procs and all(p["alive"] for p in procs) and state.get("nodes") == want
+                and state.get("repo") == str(self.repo) and bool(state.get("daemon")) == daemon
+                and self._healthy(want)):
+            log(f"lab already up in {self.lay.dir} ({', '.join(want)})")
+            return self.status()
+        if procs:
+            self.down(log=lambda *_: None)
+        self._fresh_files(want)
+        started: list[Proc] = []
+        state = {"repo": str(self.repo), "nodes": want, "daemon": daemon, "procs": [], "started_at": time.time()}
+        self._write_state(state)
+        try:
+            munge = self._ensure_munge()
+            if munge:
+                started.append(munge)
+            self._check_ports(want)
+            env = self._slurm_env()
+            started.append(_spawn("slurmctld", [f"{SBIN}/slurmctld", "-D", "-i", "-f", str(self.lay.slurm_conf)],
+                                  self.lay.log("slurmctld.stdout"), env))
+            self._record(state, started)
+            self._wait(lambda: self._ping(), 20, "slurmctld", self.lay.log("slurmctld"))
+            for n in want:
+                started.append(_spawn(f"slurmd-{n}", [f"{SBIN}/slurmd", "-D", "-f", str(self.lay.slurm_conf), "-N", n],
+                                      self.lay.log(f"slurmd-{n}.stdout"), env))
+            self._record(state, started)
+            self._wait(lambda: self._healthy(want), 30, "slurmd", self.lay.log(f"slurmd-{want[0]}"))
+            if daemon:
+                started.append(_spawn("slurm-ft-daemon", [sys.executable, "-m", "slurm_ft.cli", "daemon"],
+                                      self.lay.log("daemon"), {**self.env(), "PYTHONUNBUFFERED": "1"}))
+                self._record(state, started)
+        except Exception:
+            self.down(log=lambda *_: None)
+            raise
+        log(f"lab up in {self.lay.dir}: {', '.join(want)} (export SLURM_CONF={self.lay.slurm_conf})")
+        return self.status()
+
+    def _record(self, state: dict, started: list[Proc]) -> None:
+        state["procs"] = [p.as_dict() for p in started]
+        self._write_state(state)
+
+    def _fresh_files(self, nodes: list[str]) -> None:
+        """A new cluster incarnation: fresh Slurm state; old journals archived, never deleted."""
+        from ..nvml import fake as fake_nvml
+
+        d = self.lay.dir
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o755)
+        if self.lay.journal_dir.exists() and any(self.lay.journal_dir.iterdir()):
+            archive = d / "archive" / time.strftime("%Y%m%dT%H%M%S")
+            archive.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(self.lay.journal_dir), str(archive / "journal"))
+        for sub in ("state", "spool", "run", "dev", "nvml", "nodestate"):
+            shutil.rmtree(d / sub, ignore_errors=True)
+        for sub in ("state", "run", "log", "jobs", "journal", "nvml", "nodestate"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(d / "jobs", 0o1777)
+        for n in nodes:
+            (d / "spool" / n).mkdir(parents=True, exist_ok=True)
+            dev = self.lay.dev_dir(n)
+            dev.mkdir(parents=True, exist_ok=True)
+            for g in range(L.GPUS_PER_NODE):
+                os.mknod(dev / f"nvidia{g}", 0o666 | 0o020000, os.makedev(1, 3))
+            fake_nvml.write_inventory(str(self.lay.inventory(n)), n, L.inventory_gpus(n))
+        self.lay.slurm_conf.write_text(render_slurm_conf(self.lay, nodes, self.repo))
+        self.lay.gres_conf.write_text(render_gres_conf(self.lay, nodes))
+        self.lay.ft_conf.write_text(render_ft_conf(self.lay))
+
+    def _ensure_munge(self) -> Proc | None:
+        """Use a working munged if there is one; else start one (and return it as ours)."""
+        if self._munge_ok():
+            return None
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        os.chmod("/run/munge", 0o755)
+        log = self.lay.log("munged")
+        proc = _spawn("munged", ["/usr/sbin/runuser", "-u", "munge", "--", f"{SBIN}/munged", "--foreground", "--force"],
+                      log, {"PATH": SAFE_PATH})
+        self._wait(self._munge_ok, 10, "munged", log)
+        return proc
+
+    @staticmethod
+    def _munge_ok() -> bool:
+        try:
+            cred = subprocess.run([f"{BIN}/munge", "-n"], capture_output=True, timeout=5, env={"PATH": SAFE_PATH})
+            if cred.returncode != 0:
+                return False
+            back = subprocess.run([f"{BIN}/unmunge"], input=cred.stdout, capture_output=True, timeout=5,
+                                  env={"PATH": SAFE_PATH})
+            return back.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def _check_ports(self, nodes: list[str]) -> None:
+        ports = [L.CTLD_PORT] + [L.SLURMD_BASE_PORT + L.node_number(n) for n in nodes]
+        for port in ports:
+            if not _port_free(port):
+                raise LabError(f"port {port} is taken by {_port_owner(port)}; the lab needs ports "
+                               f"{L.CTLD_PORT} and {L.SLURMD_BASE_PORT + 1}-{L.SLURMD_BASE_PORT + L.MAX_NODES}")
+
+    def _ping(self) -> bool:
+        try:
+            out = subprocess.run([f"{BIN}/scontrol", "ping"], capture_output=True, text=True, timeout=5,
+                                 env=self._slurm_env())
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return "UP" in out.stdout
+
+    def _healthy(self, nodes: list[str]) -> bool:
+        try:
+            out = subprocess.run([f"{BIN}/sinfo", "-N", "-h", "-o", "%N %t"], capture_output=True, text=True,
+                                 timeout=5, env=self._slurm_env())
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if out.returncode != 0:
+            return False
+        states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+        bad = ("down", "unk", "fail", "inval", "npc", "boot")
+        return all(n in states and not any(states[n].startswith(b) for b in bad) for n in nodes)
+
+    def _wait(self, ok, timeout_s: float, what: str, log: Path) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            for p in self.processes():
+                if not p["alive"] and p["name"].startswith(what):
+                    raise LabError(f"{p['name']} died while starting; log tail ({log}):\n{tail(log)}")
+            time.sleep(0.2)
+        raise LabError(f"{what} did not come up within {timeout_s:g} s; log tail ({log}):\n{tail(log)}")
+
+    # down ------------------------------------------------------------------------
+    def down(self, log=print) -> None:
+        """Stop the processes this lab started (by recorded pid and start time) and their jobs."""
+        state = self._read_state()
+        procs = [p for p in state.get("procs", []) if _alive(p)]
+        order = sorted(procs, key=lambda p: 0 if p["name"] == "slurm-ft-daemon" else
+                       (1 if p["name"].startswith("slurmd") else (2 if p["name"] == "slurmctld" else 3)))
+        stepds = self._stepds()
+        for p in order:
+            self._stop(p)
+        for pid in stepds:
+            _kill_tree(pid)
+        state["procs"] = []
+        if self.lay.state_file.parent.exists():
+            self._write_state(state)
+        log(f"lab down ({len(procs)} processes stopped)")
+
+    def _stepds(self) -> list[int]:
+        """slurmstepd processes of this lab (their command line names our slurm.conf's spool)."""
+        spool = str(self.lay.dir / "spool")
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    cmd = fh.read().split(b"\0")
+                exe = os.readlink(f"/proc/{entry}/exe")
+            except OSError:
+                continue
+            if exe.endswith("slurmstepd") or (cmd and cmd[0].endswith(b"slurmstepd")):
+                try:
+                    cwd = os.readlink(f"/proc/{entry}/cwd")
+                except OSError:
+                    cwd = ""
+                if cwd.startswith(spool) or any(spool.encode() in c for c in cmd):
+                    found.append(int(entry))
+        return found
+
+    @staticmethod
+    def _stop(p: dict, grace_s: float = 5.0) -> None:
+        try:
+            os.kill(p["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _alive(p):
+            _reap(p["pid"])
+            time.sleep(0.05)
+        if _alive(p):
+            try:
+                os.kill(p["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(p["pid"])
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,129 @@
+"""The failover demo (``make demo`` / ``slurm-ft lab demo``), also used by the end-to-end test.
+
+Submit the example training job (ft-enabled, 1 node, 1 GPU); once it has checkpointed, inject Xid
+79 on its GPU; expect: epilog verdict hardware -> node drained -> job requeued in place excluding
+that node, priority raised -> RUNNING elsewhere within seconds, resuming from its checkpoint ->
+COMPLETED; print ``ft-history``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import LabError
+from ..slurm import Slurm
+from .cluster import Lab
+from .inject import inject_xid
+from .layout import repo_root
+
+
+@dataclass
+class Submitted:
+    job_id: int
+    out: Path
+    ckpt: Path
+
+
+def submit_training(lab: Lab, *, steps: int = 60, step_time: float = 0.25, extra: list[str] = (),
+                    comment: str = "ft") -> Submitted:
+    """Submit examples/train.sbatch to the lab; returns the job id and its output/checkpoint paths."""
+    jobs = lab.lay.jobs_dir
+    stamp = f"{time.time_ns()}"
+    ckpt = jobs / f"ckpt-{stamp}.json"
+    repo = repo_root()
+    argv = ["/usr/bin/sbatch", "--parsable", f"--output={jobs}/%j.out", f"--comment={comment}", *extra,
+            str(repo / "examples" / "train.sbatch"), str(repo / "examples" / "train.py"), str(ckpt),
+            "--steps", str(steps), "--step-time", str(step_time)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=lab.env())
+    if proc.returncode != 0:
+        raise LabError(f"sbatch failed: {proc.stderr.strip()}")
+    job_id = int(proc.stdout.strip().split(";")[0])
+    return Submitted(job_id, jobs / f"{job_id}.out", ckpt)
+
+
+def job_gpu_index(slurm: Slurm, job_id: int) -> int:
+    """The GPU index the job holds on its node (``scontrol show job -d``: ``GRES=gpu:1(IDX:0)``)."""
+    info = slurm.run("scontrol", "show", "job", "-d", str(job_id)).stdout
+    m = re.search(r"IDX:(\d+)", info)
+    if not m:
+        raise LabError(f"job {job_id} holds no GPU:\n{info}")
+    return int(m.group(1))
+
+
+def ckpt_step(path: Path) -> int:
+    try:
+        return json.loads(path.read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise LabError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def reset_nodes(lab: Lab, slurm: Slurm) -> None:
+    """Resume every drained lab node and make every fake GPU healthy again (test isolation)."""
+    from ..nvml import fake
+    from . import layout as L
+    for node in slurm.nodes():
+        if node.drained:
+            slurm.resume(node.name)
+        fake.write_inventory(str(lab.lay.inventory(node.name)), node.name, L.inventory_gpus(node.name))
+
+
+def run_demo(lab_dir: str, log=print) -> bool:
+    lab = Lab(lab_dir)
+    lab.up(nodes=3, daemon=True, log=log)
+    slurm = Slurm(conf=str(lab.lay.slurm_conf))
+    reset_nodes(lab, slurm)
+    job = submit_training(lab)
+    log(f"submitted job {job.job_id} (output {job.out})")
+    first = slurm.wait_job(job.job_id, lambda j: j.state == "RUNNING", 60)
+    if first is None:
+        raise LabError(f"job {job.job_id} did not start")
+    gpu = job_gpu_index(slurm, job.job_id)
+    log(f"job {job.job_id} running on {first.nodes} GPU {gpu}; waiting for a checkpoint")
+    wait_for(lambda: ckpt_step(job.ckpt) >= 10, 60, "checkpoint at step 10")
+    done = inject_xid(first.nodes, 79, gpu)
+    t_fault = time.monotonic()
+    log(f"injected on {first.nodes}: {done['line']}")
+    again = slurm.wait_job(job.job_id, lambda j: j.state == "RUNNING" and j.restart_count >= 1, 120, 0.05)
+    if again is None:
+        raise LabError(f"job {job.job_id} was not failed over (see {lab.lay.log('daemon')})")
+    t_back = time.monotonic() - t_fault
+    log(f"job {job.job_id} RUNNING again on {again.nodes} {t_back:.2f} s after the fault")
+    final = slurm.wait_job(job.job_id, lambda j: j.ended, 120, 0.5)
+    out = job.out.read_text(errors="replace") if job.out.exists() else ""
+    resumed = [int(s) for s in re.findall(r"resuming from step (\d+)", out)]
+    node_info = slurm.show_node(first.nodes)
+    log("--- job output ---\n" + out.rstrip())
+    log(f"--- drain reason of {first.nodes}: {node_info.get('Reason', '')}")
+    from ..history import history, render_table
+    from ..journal import open_journal
+    from .. import config as config_mod
+    time.sleep(1.0)  # let the daemon record the final state
+    with open_journal(config_mod.load(lab.lay.ft_conf).journal.path) as journal:
+        h = history(journal, job.job_id)
+    log("--- ft-history -j %d ---\n%s" % (job.job_id, render_table(h)))
+    checks = {
+        "completed": final is not None and final.state == "COMPLETED",
+        "moved to another node": again.nodes != first.nodes,
+        "resumed from checkpoint (not step 0)": bool(resumed) and resumed[-1] > 0,
+        "faulty node drained by slurm-ft": node_info.get("Reason", "").startswith("slurm-ft:"),
+        "two attempts on record": len(h["attempts"]) >= 2,
+    }
+    for name, ok in checks.items():
+        log(f"{'PASS' if ok else 'FAIL'}: {name}")
+    log(f"failover_s={t_back:.2f}")
+    return all(checks.values())

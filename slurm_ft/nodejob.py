@@ -1,0 +1,121 @@
+"""The job as a node's prolog/epilog sees it: parsed, validated ``SLURM_*`` environment, plus the
+per-job start marker the prolog leaves for the epilog.
+
+Every value comes from slurmd (not the user), but it is still validated: job ids and counts must be
+integers, node names must look like node names, GPU lists like ``0,1``. The marker lives in a
+root-owned directory (``[node_state] dir``) and is written temp-then-rename, opened O_NOFOLLOW.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class BadEnvironment(ValueError):
+    """A required ``SLURM_*`` variable is missing or malformed."""
+
+
+def _int(env: dict, name: str, default: int | None = None) -> int | None:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise BadEnvironment(f"{name}={value!r} is not an integer") from None
+
+
+def parse_gpu_list(value: str | None) -> tuple[int, ...] | None:
+    """``SLURM_JOB_GPUS`` ("0,1" or "0-1,3") -> (0, 1, 3); None when unset/empty."""
+    if not value:
+        return None
+    out: list[int] = []
+    for part in value.split(","):
+        a, _, b = part.partition("-")
+        if not a.isdigit() or (b and not b.isdigit()):
+            raise BadEnvironment(f"SLURM_JOB_GPUS={value!r} is not a GPU index list")
+        out.extend(range(int(a), int(b or a) + 1))
+    return tuple(out)
+
+
+def wait_status(status: int | None) -> tuple[int | None, int | None]:
+    """A wait status (``SLURM_JOB_EXIT_CODE``, e.g. 768 = exit 3, 9 = killed by signal 9) ->
+    (exit code, signal)."""
+    if status is None:
+        return None, None
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), None
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    job_id: int
+    node: str
+    attempt: int                # SLURM_JOB_RESTART_COUNT, 0 on the first run
+    uid: int | None
+    gpus: tuple[int, ...] | None
+    exit_code: int | None       # epilog only
+    signal: int | None          # epilog only
+    stdout: str | None          # unexpanded pattern, e.g. /path/%j.out
+    stderr: str | None
+    work_dir: str | None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "NodeJob":
+        env = dict(os.environ if env is None else env)
+        job_id = _int(env, "SLURM_JOB_ID")
+        if job_id is None:
+            raise BadEnvironment("SLURM_JOB_ID is not set (not run by slurmd?)")
+        node = env.get("SLURMD_NODENAME", "")
+        if not _NODE.match(node):
+            raise BadEnvironment(f"SLURMD_NODENAME={node!r} is not a node name")
+        exit_code, signal = wait_status(_int(env, "SLURM_JOB_EXIT_CODE"))
+        return cls(
+            job_id=job_id, node=node, attempt=_int(env, "SLURM_JOB_RESTART_COUNT", 0) or 0,
+            uid=_int(env, "SLURM_JOB_UID"), gpus=parse_gpu_list(env.get("SLURM_JOB_GPUS")),
+            exit_code=exit_code, signal=signal,
+            stdout=env.get("SLURM_JOB_STDOUT") or None, stderr=env.get("SLURM_JOB_STDERR") or None,
+            work_dir=env.get("SLURM_JOB_WORK_DIR") or None,
+        )
+
+
+# ----------------------------------------------------------------------------- start marker
+def _marker_path(state_dir: str, job: NodeJob) -> str:
+    return os.path.join(state_dir, f"{job.job_id}.{job.attempt}.{job.node}.json")
+
+
+def write_start_marker(state_dir: str, job: NodeJob) -> None:
+    """Record when (monotonic and wall clock, seconds) this attempt started on this node."""
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = _marker_path(state_dir, job)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"monotonic": time.monotonic(), "time": time.time(), "gpus": job.gpus}, fh)
+    os.replace(tmp, path)
+
+
+def pop_start_marker(state_dir: str, job: NodeJob) -> dict | None:
+    """Read and remove the marker; None if there is none (prolog did not run) or it is unreadable."""
+    path = _marker_path(state_dir, job)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        data = None
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,299 @@
+"""The only place that runs Slurm commands.
+
+Every call is an argv list (never a shell), has a timeout, and raises :class:`SlurmCommandError`
+with the command's stderr on failure. Output is parsed from ``--json`` where Slurm offers it
+(``squeue --json``, ``sinfo --json``; 22.05 and 24.11 shapes both handled) and from
+``scontrol ... -o`` one-line ``Key=Value`` records otherwise (``scontrol show job`` has no
+``--json`` on 22.05).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from .errors import SlurmCommandError
+
+#: Fixed PATH for every child: root code never trusts the caller's PATH.
+SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class Slurm:
+    """Runs Slurm commands from ``bin_dir`` with ``timeout_s`` each.
+
+    ``conf`` (a slurm.conf path) is passed as ``SLURM_CONF`` when set; otherwise the caller's
+    ``SLURM_CONF`` (or Slurm's default) applies.
+    """
+
+    bin_dir: str = "/usr/bin"
+    timeout_s: float = 10.0
+    conf: str | None = None
+    _env: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        env = {"PATH": SAFE_PATH, "LC_ALL": "C"}
+        conf = self.conf or os.environ.get("SLURM_CONF")
+        if conf:
+            env["SLURM_CONF"] = conf
+        self._env = env
+
+    @classmethod
+    def from_config(cls, config) -> "Slurm":
+        return cls(bin_dir=config.slurm.bin_dir, timeout_s=config.slurm.command_timeout_s)
+
+    # -- plumbing -----------------------------------------------------------------
+    def run(self, cmd: str, *args: str, check: bool = True, timeout_s: float | None = None) -> subprocess.CompletedProcess:
+        """Run ``bin_dir/cmd args...``; returns the CompletedProcess (text).
+
+        Raises :class:`SlurmCommandError` on timeout, a missing binary, or (``check``) rc != 0.
+        """
+        argv = [os.path.join(self.bin_dir, cmd), *args]
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, errors="replace",
+                timeout=timeout_s or self.timeout_s, env=self._env, stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError:
+            raise SlurmCommandError(f"{argv[0]}: not found (is Slurm installed?)") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmCommandError(f"{' '.join(argv)}: timed out after {timeout_s or self.timeout_s:g} s") from None
+        if check and proc.returncode != 0:
+            msg = (proc.stderr or proc.stdout).strip().splitlines()
+            raise SlurmCommandError(f"{' '.join(argv)}: rc={proc.returncode}: {msg[-1] if msg else ''}")
+        return proc
+
+    def _json(self, cmd: str, *args: str) -> dict:
+        out = self.run(cmd, *args, "--json").stdout
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise SlurmCommandError(f"{cmd} --json: unparsable output: {exc}") from None
+
+    # -- queries --------------------------------------------------------------------
+    def version(self) -> tuple[int, int]:
+        """(major, minor) of the Slurm commands, e.g. (22, 5) or (24, 11)."""
+        out = self.run("sinfo", "--version").stdout
+        m = re.search(r"(\d+)\.(\d+)", out)
+        if not m:
+            raise SlurmCommandError(f"sinfo --version: unexpected output {out!r}")
+        return int(m.group(1)), int(m.group(2))
+
+    def jobs(self) -> list["Job"]:
+        """Every job slurmctld still knows (pending, running, and ended within MinJobAge)."""
+        data = self._json("squeue", "--states=all")
+        return [Job.from_json(j) for j in data.get("jobs", [])]
+
+    def job(self, job_id: int) -> "Job | None":
+        """One job, or None once slurmctld has forgotten it."""
+        proc = self.run("squeue", "--json", "--states=all", f"--jobs={job_id}", check=False)
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:
+                return None
+            raise SlurmCommandError(f"squeue --jobs={job_id}: {proc.stderr.strip()}")
+        try:
+            jobs = json.loads(proc.stdout).get("jobs", [])
+        except json.JSONDecodeError as exc:
+            raise SlurmCommandError(f"squeue --json: unparsable output: {exc}") from None
+        for j in jobs:
+            if int(j.get("job_id", -1)) == job_id:
+                return Job.from_json(j)
+        return None
+
+    def nodes(self) -> list["Node"]:
+        """Every node as sinfo reports it (one entry per node)."""
+        data = self._json("sinfo", "--Node")
+        seen: dict[str, Node] = {}
+        for n in data.get("nodes", []):
+            node = Node.from_json(n)
+            seen.setdefault(node.name, node)
+        return list(seen.values())
+
+    def show_job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job -d -o`` as a dict (values are strings)."""
+        out = self.run("scontrol", "show", "job", "-d", "-o", str(job_id)).stdout
+        return parse_kv_line(out)
+
+    def show_node(self, node: str) -> dict[str, str]:
+        """``scontrol show node NODE -o`` as a dict (values are strings; ``Extra``/``Comment`` included)."""
+        return parse_kv_line(self.run("scontrol", "show", "node", "-o", node).stdout)
+
+    # -- actions --------------------------------------------------------------------
+    def update_job(self, job_id: int, **fields: str) -> None:
+        """``scontrol update JobId=J Key=Value...`` (values are passed as separate argv items)."""
+        self.run("scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items()))
+
+    def update_node(self, node: str, **fields: str) -> None:
+        self.run("scontrol", "update", f"NodeName={node}", *(f"{k}={v}" for k, v in fields.items()))
+
+    def requeue(self, job_id: int, hold: bool = False) -> None:
+        self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+
+    def release(self, job_id: int) -> None:
+        self.run("scontrol", "release", str(job_id))
+
+    def drain(self, node: str, reason: str) -> None:
+        self.update_node(node, State="DRAIN", Reason=reason)
+
+    def resume(self, node: str) -> None:
+        self.update_node(node, State="RESUME")
+
+    def wait_job(self, job_id: int, pred, timeout_s: float, interval_s: float = 0.1) -> "Job | None":
+        """Poll until ``pred(job)`` is true; return the job, or None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.job(job_id)
+            if job is not None and pred(job):
+                return job
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(interval_s)
+
+
+def parse_kv_line(text: str) -> dict[str, str]:
+    """Parse scontrol's one-line ``Key=Value Key=Value`` output; values may contain spaces
+    only for the last key on 22.05 (e.g. ``Reason``), which we keep whole."""
+    out: dict[str, str] = {}
+    for m in re.finditer(r"(\S+?)=(.*?)(?=\s+\S+?=|\s*$)", text.strip()):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def _num(value) -> int | None:
+    """22.05 prints plain ints; 24.11 wraps them as {"set": bool, "infinite": bool, "number": n}."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        return value.get("number")
+    return value
+
+
+def _states(value) -> list[str]:
+    """22.05: "RUNNING"; 24.11: ["RUNNING"] (+ flags like "COMPLETING")."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [str(value)] if value else []
+
+
+def _nodes(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+@dataclass
+class Job:
+    """The fields of a ``squeue --json`` job record that slurm-ft uses."""
+
+    job_id: int
+    name: str
+    user: str
+    state: str                 # base state: PENDING, RUNNING, COMPLETING, FAILED, COMPLETED, NODE_FAIL, ...
+    flags: list[str]           # extra states (24.11: COMPLETING, REQUEUED...)
+    reason: str
+    nodes: str                 # hostlist expression, "" when none
+    restart_count: int
+    exit_code: int | None      # process exit code (0-255), None unknown
+    exit_signal: int | None
+    start_time: int | None     # epoch seconds
+    end_time: int | None
+    submit_time: int | None
+    priority: int | None
+    comment: str
+    admin_comment: str
+    requeue: bool
+    excluded_nodes: str
+    raw: dict
+
+    @property
+    def completing(self) -> bool:
+        return self.state == "COMPLETING" or "COMPLETING" in self.flags
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES and not self.completing
+
+    @classmethod
+    def from_json(cls, j: dict) -> "Job":
+        states = _states(j.get("job_state"))
+        exit_code, exit_signal = _exit(j.get("exit_code"))
+        return cls(
+            job_id=int(j["job_id"]),
+            name=j.get("name", ""),
+            user=j.get("user_name", "") or "",
+            state=states[0] if states else "UNKNOWN",
+            flags=states[1:],
+            reason=j.get("state_reason", "") or "",
+            nodes=_nodes(j.get("nodes")),
+            restart_count=_num(j.get("restart_cnt")) or 0,
+            exit_code=exit_code,
+            exit_signal=exit_signal,
+            start_time=_num(j.get("start_time")),
+            end_time=_num(j.get("end_time")),
+            submit_time=_num(j.get("submit_time")),
+            priority=_num(j.get("priority")),
+            comment=j.get("comment", "") or "",
+            admin_comment=j.get("admin_comment", "") or "",
+            requeue=bool(j.get("requeue")),
+            excluded_nodes=j.get("excluded_nodes", "") or "",
+            raw=j,
+        )
+
+
+def _exit(value) -> tuple[int | None, int | None]:
+    """22.05: an int wait status (e.g. 768 = exit 3; 9 = signal 9);
+    24.11: {"status": [...], "return_code": {...}, "signal": {"id": {...}}}."""
+    if value is None:
+        return None, None
+    if isinstance(value, dict):
+        rc = _num(value.get("return_code"))
+        sig = value.get("signal") or {}
+        signo = _num(sig.get("id")) if isinstance(sig, dict) else None
+        return rc, (signo or None)
+    status = int(value)
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return os.WEXITSTATUS(status), None
+
+
+ENDED_STATES = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+    "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+}
+
+
+@dataclass
+class Node:
+    """The fields of a ``sinfo --json`` node record that slurm-ft uses."""
+
+    name: str
+    state: str
+    flags: list[str]
+    reason: str
+    reason_set_by_user: str
+    comment: str
+    extra: str
+    raw: dict
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.state in ("DRAINED", "DRAINING")
+
+    @classmethod
+    def from_json(cls, n: dict) -> "Node":
+        state = n.get("state")
+        states = _states(state)
+        flags = list(n.get("state_flags", []) or [])
+        return cls(
+            name=n.get("name") or n.get("hostname", ""),
+            state=states[0] if states else "UNKNOWN",
+            flags=flags + states[1:],
+            reason=n.get("reason", "") or "",
+            reason_set_by_user=n.get("reason_set_by_user", "") or "",
+            comment=n.get("comment", "") or "",
+            extra=n.get("extra", "") or "",
+            raw=n,
+        )
+

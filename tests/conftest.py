@@ -1,0 +1,41 @@
+"""Shared fixtures. Lab tests (marker ``lab``) run against the real local Slurm lab cluster,
+started once per session with ``slurm-ft lab up`` (idempotent) and left running for reuse."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+LAB_DIR = os.environ.get("SLURM_FT_LAB_DIR", "/var/tmp/slurm-ft-lab")
+
+
+def _lab_possible() -> str | None:
+    if os.geteuid() != 0:
+        return "lab tests need root"
+    if not shutil.which("slurmctld", path="/usr/sbin"):
+        return "Debian slurm packages not installed (run `make setup`)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """The running lab cluster (a :class:`slurm_ft.lab.cluster.Lab`)."""
+    why = _lab_possible()
+    if why:
+        pytest.skip(why)
+    from slurm_ft.lab.cluster import Lab
+    lab = Lab(LAB_DIR)
+    lab.up(nodes=3, daemon=True, log=lambda *_: None)
+    return lab
+
+
+@pytest.fixture
+def slurm(lab):
+    """A Slurm command runner for the lab, with every node resumed and every fake GPU healthy."""
+    from slurm_ft.lab.demo import reset_nodes
+    from slurm_ft.slurm import Slurm
+    s = Slurm(conf=str(lab.lay.slurm_conf))
+    reset_nodes(lab, s)
+    return s

@@ -1,0 +1,50 @@
+"""The SQLite journal: migrations, WAL, idempotent verdicts, intents, corruption handling."""
+
+import sqlite3
+
+import pytest
+
+from slurm_ft.errors import JournalError
+from slurm_ft.history import history, render_table
+from slurm_ft.journal import open_journal
+
+
+def test_schema_wal_and_migrations_recorded(tmp_path):
+    with open_journal(tmp_path / "j.db") as j:
+        assert j.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert {"jobs", "attempts", "verdicts", "actions", "health", "_migrations"} <= set(j.db.table_names())
+    with open_journal(tmp_path / "j.db") as j:  # reopening applies nothing twice
+        assert j.db.conn.execute("SELECT count(*) FROM _migrations").fetchone()[0] == 1
+
+
+def test_verdicts_are_idempotent_and_history_renders(tmp_path):
+    with open_journal(tmp_path / "j.db") as j:
+        j.upsert_job(7, name="train", user="u", ft_enabled=1, retries=3, ft_state="running", excluded_nodes="")
+        j.upsert_attempt(7, 0, nodes="n1", start=1.0, end=2.0, state="FAILED")
+        assert j.add_verdict(7, 0, "n1", "hardware", "xid-79", [{"xid": 79, "bus_id": "0000:10:00"}], ["line"])
+        assert not j.add_verdict(7, 0, "n1", "hardware", "xid-79")
+        aid = j.intend(7, 0, "drain", "n1", "slurm-ft: Xid 79")
+        assert [a["id"] for a in j.pending_intents()] == [aid]
+        j.finish(aid)
+        h = history(j, 7)
+    assert h["attempts"][0]["verdict"] == "hardware" and h["attempts"][0]["xids"] == ["79@0000:10:00"]
+    assert h["attempts"][0]["action"] == "drain n1"
+    assert "xid-79" in render_table(h)
+
+
+def test_corrupted_journal_is_a_clear_error(tmp_path):
+    p = tmp_path / "bad.db"
+    p.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(JournalError, match="move it aside"):
+        open_journal(p)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    p = tmp_path / "j.db"
+    open_journal(p).close()
+    conn = sqlite3.connect(p)
+    conn.execute("INSERT INTO _migrations VALUES ('999_future', 0)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(JournalError, match="newer"):
+        open_journal(p)
