@@ -117,7 +117,7 @@ def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool) -> None:
 @click.argument("assignments", nargs=-1, required=True)
 @_dir_option
 def lab_set_gpu(node: str, gpu: int, assignments: tuple[str, ...], lab_dir: str) -> None:
-    """Change a fake GPU's state: ``slurm-ft lab set-gpu n1 0 remapped_rows_pending=1``."""
+    """Change a fake GPU's state: ``slurm-ft lab set-gpu n1 0 row_remap_pending=1``."""
     from .nvml import fake
     path = _lab(lab_dir).lay.inventory(node)
     if not path.exists():

@@ -38,4 +38,5 @@ def slurm(lab):
     from slurm_ft.slurm import Slurm
     s = Slurm(conf=str(lab.lay.slurm_conf))
     reset_nodes(lab, s)
-    return s
+    yield s
+    reset_nodes(lab, s)

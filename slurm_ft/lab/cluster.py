@@ -56,10 +56,11 @@ class Proc:
         return {"name": self.name, "pid": self.pid, "start": self.start}
 
 
-def _spawn(name: str, argv: list[str], log: Path, env: dict[str, str]) -> Proc:
+def _spawn(name: str, argv: list[str], log: Path, env: dict[str, str], user: str | None = None) -> Proc:
     with open(log, "ab") as out:
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=env, start_new_session=True, close_fds=True)
+                             env=env, start_new_session=True, close_fds=True, user=user, group=user,
+                             extra_groups=[] if user else None)
     for _ in range(50):
         start = _proc_start(p.pid)
         if start:
@@ -264,10 +265,11 @@ class Lab:
         d = self.lay.dir
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o755)
-        if self.lay.journal_dir.exists() and any(self.lay.journal_dir.iterdir()):
-            archive = d / "archive" / time.strftime("%Y%m%dT%H%M%S")
-            archive.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(self.lay.journal_dir), str(archive / "journal"))
+        archive = d / "archive" / time.strftime("%Y%m%dT%H%M%S")
+        for keep in (self.lay.journal_dir, self.lay.jobs_dir):  # job ids restart with a fresh slurmctld
+            if keep.exists() and any(keep.iterdir()):
+                archive.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(keep), str(archive / keep.name))
         for sub in ("state", "spool", "run", "dev", "nvml", "nodestate"):
             shutil.rmtree(d / sub, ignore_errors=True)
         for sub in ("state", "run", "log", "jobs", "journal", "nvml", "nodestate"):
@@ -292,8 +294,9 @@ class Lab:
         shutil.chown("/run/munge", "munge", "munge")
         os.chmod("/run/munge", 0o755)
         log = self.lay.log("munged")
-        proc = _spawn("munged", ["/usr/sbin/runuser", "-u", "munge", "--", f"{SBIN}/munged", "--foreground", "--force"],
-                      log, {"PATH": SAFE_PATH})
+        log.touch()
+        shutil.chown(log, "munge", "munge")
+        proc = _spawn("munged", [f"{SBIN}/munged", "--foreground", "--force"], log, {"PATH": SAFE_PATH}, user="munge")
         self._wait(self._munge_ok, 10, "munged", log)
         return proc
 

@@ -73,9 +73,14 @@ def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.1):
 
 
 def reset_nodes(lab: Lab, slurm: Slurm) -> None:
-    """Resume every drained lab node and make every fake GPU healthy again (test isolation)."""
+    """Cancel leftover jobs, resume every drained lab node and make every fake GPU healthy again
+    (test and demo isolation)."""
     from ..nvml import fake
     from . import layout as L
+    live = [str(j.job_id) for j in slurm.jobs() if not j.ended]
+    if live:
+        slurm.run("scancel", *live)
+        wait_for(lambda: not any(not j.ended for j in slurm.jobs()), 30, "leftover jobs to end")
     for node in slurm.nodes():
         if node.drained:
             slurm.resume(node.name)

@@ -1,0 +1,248 @@
+"""evidence -> verdict.
+
+1. Scan: kernel text and job output are scanned as bytes.  For each literal key of the policy's
+   signature rows, ``bytes.find`` on the lower-cased text locates candidate lines; only those
+   lines run the rows' regexes (the prefilter keeps ~1M lines/s on noise).
+2. Xids: kernel lines holding ``xid`` are parsed (:mod:`.parse`); an Xid counts only when its bus
+   id is one of the job's GPUs (or of the node's, when the job's are unknown; any when neither is
+   known).  Each attributed Xid takes its catalog row, unless an ``xid`` qualifier row matches the
+   line (NVLink5 "Nonfatal", "NVLink: fatal error"...) or a count/window rule fires.  Xid 45 that
+   names its cause ("caused by previous Xid 149") is judged as that Xid.
+3. Decide: every matched row/Xid is a candidate ``(priority, position)``; the highest priority wins,
+   ties go to the earliest line, so the root cause (48 before its 64) decides.
+   A clean exit (code 0, no signal, Slurm state unknown/COMPLETED) is ``ok`` whatever was seen;
+   hardware evidence then still sets the action, so the node is drained even though the job lived.
+"""
+
+from __future__ import annotations
+
+from .model import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_LINES, Evidence, Verdict, XidEvent
+from .parse import find_bus_id, fmt, parse_time, parse_xid
+from .policy import Policy, default_policy
+
+#: Bytes of context kept either side of a key hit when a line is longer (huge lines stay cheap).
+HALF_WINDOW = 2048
+#: Longest raw line kept in an XidEvent.
+MAX_XID_LINE = 1000
+
+_OK_STATES = (None, "", "COMPLETED")
+
+
+class _Cand:
+    __slots__ = ("priority", "pos", "cls", "action", "rule", "line")
+
+    def __init__(self, priority: int, pos: int, cls: str, action: str, rule: str, line: bytes):
+        self.priority, self.pos, self.cls, self.action, self.rule, self.line = priority, pos, cls, action, rule, line
+
+
+def _text(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode("utf-8", "surrogateescape" if isinstance(value, str) else "replace")
+
+
+def _to_bytes(lines: object) -> bytes:
+    if isinstance(lines, (str, bytes)):
+        return _text(lines)
+    try:
+        return "\n".join(lines).encode("utf-8", "surrogateescape")  # type: ignore[arg-type]
+    except (TypeError, UnicodeEncodeError):
+        return b"\n".join(_text(x) for x in lines)  # type: ignore[union-attr]
+
+
+def _line_at(text: bytes, pos: int) -> tuple[int, int, bytes]:
+    """(line start, line end, the line clipped to HALF_WINDOW bytes either side of pos)."""
+    ls = text.rfind(b"\n", 0, pos) + 1
+    le = text.find(b"\n", pos)
+    if le == -1:
+        le = len(text)
+    return ls, le, text[max(ls, pos - HALF_WINDOW):min(le, pos + HALF_WINDOW)]
+
+
+def scan(text: bytes, index: dict[bytes, tuple], base: int = 0) -> list[tuple[object, int, bytes]]:
+    """Rows of ``index`` (key -> rows) matching lines of ``text``: ``[(row, position, line)]``."""
+    out: list[tuple[object, int, bytes]] = []
+    if not text or not index:
+        return out
+    low = text.lower()
+    seen: set[tuple[str, int]] = set()
+    for key, rows in index.items():
+        find = low.find
+        pos = find(key)
+        while pos != -1:
+            ls, le, line = _line_at(text, pos)
+            for row in rows:
+                if (row.id, ls) not in seen and row.regex.search(line):
+                    seen.add((row.id, ls))
+                    out.append((row, base + ls, line))
+            pos = find(key, le)
+    return out
+
+
+def _xid_lines(text: bytes) -> list[tuple[int, bytes]]:
+    """Kernel lines holding an Xid/SXid header, ``[(position, line)]``; wrapped headers re-joined."""
+    out: list[tuple[int, bytes]] = []
+    low = text.lower()
+    pos = low.find(b"xid")
+    cut = fmt("xid_cut")
+    while pos != -1:
+        ls, le, line = _line_at(text, pos)
+        if cut.search(line) and le < len(text):
+            _, le2, nxt = _line_at(text, le + 1)
+            line = line.rstrip() + b" " + nxt.lstrip()
+            le = le2
+        out.append((ls, line))
+        pos = low.find(b"xid", le)
+    return out
+
+
+def _decode(line: bytes, limit: int = MAX_EVIDENCE_CHARS) -> str:
+    return line.decode("utf-8", "replace").strip()[:limit]
+
+
+def _count_fired(occ: list[tuple[bytes, tuple[str, float] | None]], count: int, window_s: float) -> bool:
+    """Whether ``count`` distinct occurrence keys fall within ``window_s`` (undated ones count always)."""
+    undated = {k for k, t in occ if t is None}
+    by_clock: dict[str, list[tuple[float, bytes]]] = {}
+    for k, t in occ:
+        if t is not None:
+            by_clock.setdefault(t[0], []).append((t[1], k))
+    if len(undated) >= count:
+        return True
+    for stamps in by_clock.values():
+        stamps.sort()
+        lo = 0
+        for hi in range(len(stamps)):
+            while stamps[hi][0] - stamps[lo][0] > window_s:
+                lo += 1
+            keys = {k for _, k in stamps[lo:hi + 1]} | undated
+            if len(keys) >= count:
+                return True
+    return False
+
+
+def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
+    """Classify one job's end on one node.  Never raises on odd text: any bytes give a verdict."""
+    policy = policy or default_policy()
+    kernel = _to_bytes(evidence.kernel_lines or ())
+    output = _text(evidence.stderr_tail or "")
+    out_base = len(kernel) + 1
+    cands: list[_Cand] = []
+
+    job_ids = evidence.job_bus_ids
+    node_ids = evidence.node_bus_ids
+
+    def attributed(bus: str | None) -> bool:
+        if bus is None:
+            return True
+        if job_ids is not None:
+            return bus in job_ids
+        if node_ids is not None:
+            return bus in node_ids
+        return True
+
+    # -- Xids ----------------------------------------------------------------------------------
+    xid_quals = policy.qualifiers("xid")
+    sxid_quals = policy.qualifiers("sxid")
+    events: list[XidEvent] = []
+    judged: list[tuple[XidEvent, int, bytes, object]] = []  # (event, pos, line, hit)
+    for pos, line in _xid_lines(kernel) if kernel else ():
+        hit = parse_xid(line)
+        if hit is None:
+            continue
+        if hit.kind == "xid" and not attributed(hit.bus_id):
+            continue
+        gpu_index = node_ids.get(hit.bus_id) if (node_ids and hit.bus_id and hit.kind == "xid") else None
+        ev = XidEvent(xid=hit.xid, bus_id=hit.bus_id, gpu_index=gpu_index,
+                      line=line.decode("utf-8", "replace").strip()[:MAX_XID_LINE], kind=hit.kind)
+        events.append(ev)
+        judged.append((ev, pos, line, hit))
+
+    fired: dict[int, object] = {}  # index in judged -> count rule
+    for rule in policy.counts:
+        groups: dict[str | None, list[int]] = {}
+        for i, (ev, _pos, _line, _hit) in enumerate(judged):
+            if ev.kind == "xid" and ev.xid in rule.xids:
+                groups.setdefault(ev.bus_id, []).append(i)
+        for members in groups.values():
+            occ = []
+            for i in members:
+                ev, pos, line, hit = judged[i]
+                stamp = parse_time(line)
+                key = b"pid=%d" % hit.pid if hit.pid is not None else (
+                    b"t=%r" % (stamp,) if stamp is not None else b"pos=%d" % pos)
+                occ.append((key, stamp))
+            if _count_fired(occ, rule.count, rule.window_s):
+                for i in members:
+                    fired.setdefault(i, rule)
+
+    for i, (ev, pos, line, hit) in enumerate(judged):
+        if ev.kind == "sxid":
+            for q in sxid_quals:
+                if q.regex.search(line):
+                    cands.append(_Cand(q.priority, pos, q.cls, q.action, q.id, line))
+                    break
+            continue
+        rule = fired.get(i)
+        if rule is not None:
+            cands.append(_Cand(rule.priority, pos, rule.cls, rule.action, rule.id, line))
+            continue
+        code = hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
+        for q in xid_quals:
+            if (q.xids is None or code in q.xids) and q.regex.search(line):
+                cands.append(_Cand(q.priority, pos, q.cls, q.action, q.id, line))
+                break
+        else:
+            row = policy.xid_row(code)
+            cands.append(_Cand(row.rank, pos, row.cls, row.action, row.id, line))
+
+    # -- signature rows over kernel text and job output -----------------------------------------
+    for text, source, base in ((kernel, "kernel", 0), (output, "output", out_base)):
+        for row, pos, line in scan(text, policy.index.get(source, {}), base):
+            if row.scope == "gpu":
+                bus = find_bus_id(line)
+                if not attributed(bus):
+                    continue
+            cands.append(_Cand(row.priority, pos, row.cls, row.action, row.id, line))
+
+    # -- Slurm state and exit status --------------------------------------------------------------
+    tail = out_base + len(output) + 1
+    if evidence.slurm_state:
+        state = _text(evidence.slurm_state.strip().upper())
+        for row in policy.signatures:
+            if row.source == "slurm_state" and row.regex.search(state):
+                cands.append(_Cand(row.priority, tail, row.cls, row.action, row.id, b"slurm state: " + state))
+    sig = evidence.signal
+    code = evidence.exit_code
+    if sig is None and code is not None and 128 < code < 160:
+        sig = code - 128  # shells report death by signal N as exit status 128+N
+    if code is not None or sig:
+        pseudo = b"exit=%s signal=%s" % (b"%d" % code if code is not None else b"none",
+                                          b"%d" % sig if sig else b"none")
+        for row in policy.signatures:
+            if row.source == "exit" and row.regex.search(pseudo):
+                cands.append(_Cand(row.priority, tail + 1, row.cls, row.action, row.id, pseudo))
+                break
+
+    # -- decide ------------------------------------------------------------------------------------
+    win = max(cands, key=lambda c: (c.priority, -c.pos)) if cands else None
+    clean = code == 0 and not sig and (evidence.slurm_state or "").strip().upper() in _OK_STATES
+    if clean:
+        action = win.action if (win is not None and win.cls == "hardware") else "none"
+        verdict, rule = "ok", "clean-exit"
+    elif win is not None:
+        verdict, rule, action = win.cls, win.rule, win.action
+    else:
+        verdict, rule, action = "unknown", "no-evidence", "none"
+
+    lines: list[str] = []
+    seen: set[str] = set()
+    ordered = sorted(cands, key=lambda c: (c is not win and c.rule != (win.rule if win else None), -c.priority, c.pos))
+    for c in ordered:
+        s = _decode(c.line)
+        if s and s not in seen:
+            seen.add(s)
+            lines.append(s)
+            if len(lines) >= MAX_EVIDENCE_LINES:
+                break
+    return Verdict(verdict=verdict, rule=rule, xids=tuple(events), evidence=tuple(lines), action=action)

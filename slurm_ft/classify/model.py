@@ -1,0 +1,108 @@
+"""The classifier's value types: what goes in (:class:`Evidence`) and what comes out (:class:`Verdict`).
+
+Plain frozen dataclasses, no I/O, no regexes: importing this module costs next to nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Verdict classes, in the order the docs explain them.
+#: hardware: fail over, drain/exclude the node or GPU.  user: deterministic, do not retry.
+#: infra: a shared service failed transiently, retry allowed, no drain.  hang: the job stopped
+#: making progress.  unknown: the evidence does not support a decision.  ok: the job succeeded.
+CLASSES = ("hardware", "user", "infra", "hang", "unknown", "ok")
+
+#: Recommended actions a verdict may carry.
+ACTIONS = ("drain_node", "reset_gpu", "retry", "none")
+
+#: Default action per class (used when a policy row or an admin override names none).
+DEFAULT_ACTION = {
+    "hardware": "drain_node",
+    "user": "none",
+    "infra": "retry",
+    "hang": "retry",
+    "unknown": "none",
+    "ok": "none",
+}
+
+#: Bounds on :attr:`Verdict.evidence`: at most this many lines, each at most this many characters.
+MAX_EVIDENCE_LINES = 20
+MAX_EVIDENCE_CHARS = 500
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One NVIDIA Xid (GPU) or SXid (NVSwitch) kernel message.
+
+    ``bus_id`` is normalised to ``"dddd:bb:dd"`` (PCI domain:bus:device, lower-case, no function),
+    or None when the line's format carries no bus id (old drivers).  ``gpu_index`` is the GPU's
+    index on the node when the caller gave a bus-id map, else None.  ``line`` is the raw line.
+    """
+
+    xid: int
+    bus_id: str | None
+    gpu_index: int | None
+    line: str
+    kind: str = "xid"  # "xid" or "sxid" (NVSwitch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "xid": self.xid,
+            "bus_id": self.bus_id,
+            "gpu_index": self.gpu_index,
+            "kind": self.kind,
+            "line": self.line,
+        }
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything known about one job's end on one node; every field is optional.
+
+    kernel_lines: kernel log messages, already limited by the caller to the job's time window.
+    stderr_tail: the tail of the job's stderr/stdout (text the job's user controls: only
+      ``output`` signature rows look at it, never the Xid parser).
+    exit_code: 0-255 or None.  signal: terminating signal number or None.
+    slurm_state: Slurm's job state/reason, e.g. ``NODE_FAIL``, ``OUT_OF_MEMORY``, ``TIMEOUT``.
+    job_bus_ids: normalised bus ids of the job's GPUs on this node (None: unknown, fall back to
+      node_bus_ids).  node_bus_ids: normalised bus id -> GPU index for every GPU of the node
+      (None: unknown, accept any bus id).
+    """
+
+    kernel_lines: list[str] | tuple[str, ...] = ()
+    stderr_tail: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    slurm_state: str | None = None
+    job_bus_ids: frozenset[str] | None = None
+    node_bus_ids: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The classifier's answer for one job on one node.
+
+    verdict: one of :data:`CLASSES`.  rule: id of the deciding policy row (``xid-79``,
+    ``cuda-oom``, ``exit-nonzero``, ``clean-exit``, ``no-evidence``...).  xids: the Xids attributed
+    to this job after bus-id filtering, in log order.  evidence: the deciding lines first, at most
+    :data:`MAX_EVIDENCE_LINES` lines of at most :data:`MAX_EVIDENCE_CHARS` characters.
+    action: one of :data:`ACTIONS`.
+    """
+
+    verdict: str
+    rule: str
+    xids: tuple[XidEvent, ...]
+    evidence: tuple[str, ...]
+    action: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: ``{verdict, rule, action, xids: [{xid, bus_id, gpu_index, kind, line}], evidence}``."""
+        return {
+            "verdict": self.verdict,
+            "rule": self.rule,
+            "action": self.action,
+            "xids": [x.to_dict() for x in self.xids],
+            "evidence": list(self.evidence),
+        }

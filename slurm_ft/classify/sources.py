@@ -1,0 +1,168 @@
+"""Evidence sources, each bounded in bytes and time.  Run as root by the epilog.
+
+* :func:`read_kmsg`: kernel log records since a ``time.monotonic()`` value, from ``/dev/kmsg``
+  (Documentation/ABI/testing/dev-kmsg), falling back to ``dmesg``.
+* :func:`read_tail_safely`: the tail of a job's output file without trusting the path.
+
+Neither follows the environment: no ``$PATH`` lookup (``dmesg`` is called by absolute path with an
+argv list and a timeout).  Failures raise :class:`slurm_ft.errors.EvidenceError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import time
+from collections import deque
+
+from ..errors import EvidenceError
+from .parse import fmt
+
+#: One /dev/kmsg record is at most ~8 KiB (PRINTK_MESSAGE_MAX plus dictionary).
+_KMSG_READ = 16 << 10
+#: dmesg locations tried, in order (never $PATH).
+DMESG_PATHS = ("/usr/bin/dmesg", "/bin/dmesg")
+#: Seconds before the dmesg fallback is abandoned / the kmsg read loop gives up.
+DMESG_TIMEOUT_S = 5.0
+KMSG_DEADLINE_S = 5.0
+
+
+def _kmsg_record(raw: bytes) -> tuple[float, bytes] | None:
+    """``b"6,1234,219470994,-;NVRM: Xid ...\\n SUBSYSTEM=pci\\n"`` -> ``(219.470994, b"NVRM: Xid ...")``."""
+    head, sep, body = raw.partition(b";")
+    if not sep:
+        return None
+    fields = head.split(b",")
+    if len(fields) < 3:
+        return None
+    try:
+        ts = int(fields[2]) / 1e6
+    except ValueError:
+        return None
+    return ts, body.split(b"\n", 1)[0]
+
+
+def _keep(buf: deque, total: int, item: bytes, max_bytes: int) -> int:
+    buf.append(item)
+    total += len(item) + 1
+    while total > max_bytes and buf:
+        total -= len(buf.popleft()) + 1
+    return total
+
+
+def read_kmsg(since_monotonic_s: float, *, max_bytes: int = 4 << 20, path: str = "/dev/kmsg") -> list[str]:
+    """Kernel messages stamped at or after ``since_monotonic_s`` (seconds, printk clock, which
+    follows CLOCK_MONOTONIC: pass a ``time.monotonic()`` value), oldest first, newest
+    ``max_bytes`` kept.  Reads ``path`` non-blocking until EAGAIN; if it cannot be opened or read,
+    runs ``dmesg`` instead.  Raises :class:`EvidenceError` when neither works."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        first = f"{path}: {exc.strerror}"
+    else:
+        buf: deque[bytes] = deque()
+        total = 0
+        pending = b""
+        deadline = time.monotonic() + KMSG_DEADLINE_S
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    raw = os.read(fd, _KMSG_READ)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:  # records overwritten while reading: carry on
+                        continue
+                    raise
+                if not raw:
+                    break
+                # /dev/kmsg returns one record per read; a captured copy (plain file) returns many
+                lines = (pending + raw).split(b"\n")
+                pending = lines.pop()
+                for rec in lines:
+                    if rec[:1] == b" ":  # continuation line: " SUBSYSTEM=pci"
+                        continue
+                    parsed = _kmsg_record(rec)
+                    if parsed is not None and parsed[0] >= since_monotonic_s:
+                        total = _keep(buf, total, parsed[1], max_bytes)
+            parsed = _kmsg_record(pending) if pending[:1] not in (b"", b" ") else None
+            if parsed is not None and parsed[0] >= since_monotonic_s:
+                total = _keep(buf, total, parsed[1], max_bytes)
+        except OSError as exc:
+            first = f"{path}: {exc.strerror}"
+        else:
+            return [b.decode("utf-8", "replace") for b in buf]
+        finally:
+            os.close(fd)
+    return _read_dmesg(since_monotonic_s, max_bytes, first)
+
+
+def _read_dmesg(since: float, max_bytes: int, why: str) -> list[str]:
+    exe = next((p for p in DMESG_PATHS if os.access(p, os.X_OK)), None)
+    if exe is None:
+        raise EvidenceError(f"kernel log unreadable ({why}) and no dmesg in {', '.join(DMESG_PATHS)}")
+    try:
+        proc = subprocess.run([exe], capture_output=True, timeout=DMESG_TIMEOUT_S, check=False,
+                              env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EvidenceError(f"kernel log unreadable ({why}); dmesg failed: {exc}") from None
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip()[:200]
+        raise EvidenceError(f"kernel log unreadable ({why}); dmesg exited {proc.returncode}: {err}")
+    buf: deque[bytes] = deque()
+    total = 0
+    stamp = fmt("ts_mono")
+    for line in proc.stdout.splitlines():
+        m = stamp.match(line)
+        if m is None or float(m.group(1)) < since:
+            continue
+        total = _keep(buf, total, line[m.end():].lstrip(), max_bytes)
+    return [b.decode("utf-8", "replace") for b in buf]
+
+
+def read_tail_safely(path: str, *, expected_uid: int | None, max_bytes: int = 64 << 10) -> str:
+    """The last ``max_bytes`` of the job's output file at ``path``, decoded as UTF-8 (errors replaced).
+
+    Root-safe: opened with ``O_NOFOLLOW|O_NONBLOCK`` (a symlink as last component is refused, a
+    FIFO cannot block us), then ``fstat`` on the open descriptor (no check/use race): it must be a
+    regular file owned by ``expected_uid`` when given.  The owner check is what stops a job from
+    pointing its output path (or a symlinked directory, or a hard link) at ``/etc/shadow``: those
+    files are not the user's.  Raises :class:`EvidenceError` with the reason.
+    """
+    if max_bytes <= 0:
+        return ""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise EvidenceError(f"{path}: is a symbolic link; refusing to follow it") from None
+        raise EvidenceError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise EvidenceError(f"{path}: not a regular file")
+        if expected_uid is not None and st.st_uid != expected_uid:
+            raise EvidenceError(f"{path}: owned by uid {st.st_uid}, not the job's uid {expected_uid}; refusing to read it")
+        offset = max(0, st.st_size - max_bytes)
+        chunks: list[bytes] = []
+        got = 0
+        while got < max_bytes:
+            try:
+                data = os.pread(fd, max_bytes - got, offset + got)
+            except OSError as exc:
+                raise EvidenceError(f"{path}: read failed: {exc.strerror}") from None
+            if not data:
+                break
+            chunks.append(data)
+            got += len(data)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if offset > 0:  # drop the partial first line
+        nl = data.find(b"\n")
+        if 0 <= nl < len(data) - 1:
+            data = data[nl + 1:]
+    return data.decode("utf-8", "replace")

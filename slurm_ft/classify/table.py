@@ -1,0 +1,167 @@
+"""The classifier's data: frozen rows loaded once from ``slurm_ft/data/``.
+
+* ``xid_catalog.csv``: one row per NVIDIA Xid code (156 codes): the catalog meaning (paraphrased),
+  NVIDIA's immediate-action bucket, whether the catalog calls it hardware, and slurm-ft's default
+  ``class``/``action``/``rank`` with the reason (``policy``) and the ``source`` of the facts.
+* ``signatures.toml``: one row per kind of non-Xid evidence (see the file header for fields).
+* ``classify_policy.toml``: default count/window rules.
+
+Rows are validated on load; a broken data file is a packaging bug and raises ConfigError.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from ..errors import ConfigError
+from .model import ACTIONS, CLASSES
+
+SOURCES = ("kernel", "output", "any", "slurm_state", "exit", "xid", "sxid")
+
+
+@dataclass(frozen=True)
+class XidRow:
+    """Catalog row: ``xid`` code, default ``cls``/``action``, ``rank`` (higher wins when several
+    Xids are seen: the root cause outranks its consequences), ``meaning`` (paraphrased from
+    NVIDIA's Xid catalog), ``bucket`` (NVIDIA's immediate action), ``policy`` (why this class)."""
+
+    xid: int
+    cls: str
+    action: str
+    rank: int
+    meaning: str = ""
+    bucket: str = ""
+    policy: str = ""
+    source: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"xid-{self.xid}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Signature row (fields documented in ``signatures.toml``); ``regex`` is compiled from
+    ``pattern`` as a case-insensitive bytes regex."""
+
+    id: str
+    source: str
+    keys: tuple[bytes, ...]
+    pattern: str
+    cls: str
+    action: str
+    priority: int
+    example: str
+    ref: str
+    scope: str | None = None
+    xids: frozenset[int] | None = None
+
+    @property
+    def regex(self) -> re.Pattern[bytes]:
+        return _compile(self.pattern)
+
+
+@dataclass(frozen=True)
+class CountRule:
+    """Count/window rule: at least ``count`` distinct occurrences of ``xids`` on one GPU within
+    ``window_s`` seconds re-classify those events as ``cls``/``action`` with ``priority``."""
+
+    id: str
+    xids: frozenset[int]
+    count: int
+    window_s: float
+    cls: str
+    action: str
+    priority: int
+    ref: str = ""
+
+
+@lru_cache(maxsize=None)
+def _compile(pattern: str) -> re.Pattern[bytes]:
+    return re.compile(pattern.encode("utf-8"), re.IGNORECASE)
+
+
+def _data_text(name: str) -> str:
+    return resources.files("slurm_ft").joinpath("data", name).read_text(encoding="utf-8")
+
+
+def _check_class_action(where: str, cls: object, action: object) -> None:
+    if cls not in CLASSES or cls == "ok":
+        raise ConfigError(f"{where}: class must be one of {', '.join(c for c in CLASSES if c != 'ok')}, got {cls!r}")
+    if action not in ACTIONS:
+        raise ConfigError(f"{where}: action must be one of {', '.join(ACTIONS)}, got {action!r}")
+
+
+@lru_cache(maxsize=1)
+def xid_catalog() -> dict[int, XidRow]:
+    """The shipped Xid catalog, keyed by code."""
+    rows: dict[int, XidRow] = {}
+    for rec in csv.DictReader(_data_text("xid_catalog.csv").splitlines()):
+        where = f"xid_catalog.csv xid {rec.get('xid')}"
+        _check_class_action(where, rec["class"], rec["action"])
+        row = XidRow(
+            xid=int(rec["xid"]), cls=rec["class"], action=rec["action"], rank=int(rec["rank"]),
+            meaning=rec["meaning"], bucket=rec["bucket"], policy=rec["policy"], source=rec["source"],
+        )
+        rows[row.xid] = row
+    return rows
+
+
+def signature_from_dict(rec: dict, where: str) -> Signature:
+    """Build and validate one signature row (also used for admin-added rows)."""
+    required = ("id", "source", "keys", "pattern", "class", "action", "priority", "example", "ref")
+    allowed = set(required) | {"scope", "xids"}
+    for key in rec:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key {key!r}")
+    for key in required:
+        if key not in rec:
+            raise ConfigError(f"{where}: missing key {key!r}")
+    if rec["source"] not in SOURCES:
+        raise ConfigError(f"{where}.source: one of {', '.join(SOURCES)}, got {rec['source']!r}")
+    _check_class_action(where, rec["class"], rec["action"])
+    keys = rec["keys"]
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k and k == k.lower() for k in keys):
+        raise ConfigError(f"{where}.keys: a non-empty list of lower-case strings")
+    try:
+        _compile(rec["pattern"])
+    except re.error as exc:
+        raise ConfigError(f"{where}.pattern: invalid regex: {exc}") from None
+    if rec.get("scope") not in (None, "gpu"):
+        raise ConfigError(f"{where}.scope: only 'gpu', got {rec['scope']!r}")
+    xids = rec.get("xids")
+    return Signature(
+        id=rec["id"], source=rec["source"], keys=tuple(k.encode("utf-8") for k in keys), pattern=rec["pattern"],
+        cls=rec["class"], action=rec["action"], priority=int(rec["priority"]), example=rec["example"],
+        ref=rec["ref"], scope=rec.get("scope"), xids=frozenset(int(x) for x in xids) if xids else None,
+    )
+
+
+@lru_cache(maxsize=1)
+def signatures() -> tuple[Signature, ...]:
+    """The shipped signature rows, in file order."""
+    data = tomllib.loads(_data_text("signatures.toml"))
+    rows = tuple(signature_from_dict(rec, f"signatures.toml [{i}] {rec.get('id')}") for i, rec in enumerate(data["signature"]))
+    ids = [r.id for r in rows]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("signatures.toml: duplicate ids")
+    return rows
+
+
+@lru_cache(maxsize=1)
+def count_rules() -> tuple[CountRule, ...]:
+    """The shipped default count/window rules."""
+    data = tomllib.loads(_data_text("classify_policy.toml"))
+    out = []
+    for rec in data.get("count", []):
+        _check_class_action(f"classify_policy.toml {rec.get('id')}", rec["class"], rec["action"])
+        out.append(CountRule(
+            id=rec["id"], xids=frozenset(rec["xids"]), count=int(rec["count"]), window_s=float(rec["window_s"]),
+            cls=rec["class"], action=rec["action"], priority=int(rec["priority"]), ref=rec.get("ref", ""),
+        ))
+    return tuple(out)

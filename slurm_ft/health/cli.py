@@ -1,0 +1,87 @@
+"""``slurm-ft health``: run the GPU health checks on this node, print a table or JSON.
+
+Exit status: 0 healthy (warnings allowed), 1 unhealthy (any fail), 2 usage error (bad option,
+unknown check, invalid config). Library errors become ``Error: …`` on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import click
+
+from ..errors import SlurmFTError
+from .config import CHECK_NAMES
+from .result import CheckResult
+
+
+class UsageProblem(click.ClickException):
+    """A config or usage error: ``Error: …`` and exit status 2."""
+
+    exit_code = 2
+
+
+def default_node() -> str:
+    """Slurm's name for this node: ``$SLURMD_NODENAME`` (set for prolog and health check
+    programs), else the short host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def render_table(node: str, results: list[CheckResult]) -> str:
+    """Fixed-width table, one row per result, then a one-line verdict. Crashes show the last
+    traceback line (the JSON has the whole traceback)."""
+    rows = [("STATUS", "CHECK", "GPU", "MEASUREMENT")]
+    for r in results:
+        rows.append((r.status.upper(), r.check, "-" if r.gpu is None else str(r.gpu), r.measurement))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = []
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3])
+    for r in results:
+        if r.detail and "Traceback" in r.detail:
+            last = r.detail.strip().splitlines()[-1]
+            lines.append(f"  {r.check} GPU{'-' if r.gpu is None else r.gpu}: {last}")
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "warn", "fail")}
+    state = "unhealthy" if counts["fail"] else "healthy"
+    lines.append(f"{node}: {state} ({counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail)")
+    return "\n".join(lines)
+
+
+@click.command("health")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES), metavar="NAME",
+              help=f"Run only this check (repeatable): {', '.join(CHECK_NAMES)}.")
+@click.option("--node", default=None, help="Slurm node name (default: $SLURMD_NODENAME or the short host name).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="slurm-ft TOML config (default: the usual lookup order).")
+@click.pass_context
+def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], node: str | None,
+                   config_path: str | None) -> None:
+    """Run the GPU health checks on this node.
+
+    Exit status 0 when healthy (warnings allowed), 1 when a check fails, 2 on a usage or
+    config error. Fit for a Prolog or Slurm's HealthCheckProgram.
+    """
+    from .. import config as config_mod
+    from ..errors import ConfigError
+    from . import run_checks, unhealthy
+
+    node = node or default_node()
+    try:
+        cfg = ctx.find_object(config_mod.Config) if config_path is None else None
+        if cfg is None:
+            cfg = config_mod.load(config_path)
+        results = run_checks(cfg, node, only=list(checks) or None)
+    except ConfigError as exc:
+        raise UsageProblem(str(exc)) from None
+    except SlurmFTError as exc:
+        raise click.ClickException(str(exc)) from None
+    bad = unhealthy(results)
+    if as_json:
+        click.echo(json.dumps({"node": node, "healthy": not bad,
+                               "results": [r.to_dict() for r in results]}, indent=2))
+    else:
+        click.echo(render_table(node, results))
+    ctx.exit(1 if bad else 0)

@@ -1,0 +1,24 @@
+"""Check name -> function (``fn(ctx) -> iterable of CheckResult``, yielded as made), in run order (config.CHECK_NAMES)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from . import device, links, memory, thermal, xid
+from .config import CHECK_NAMES
+from .context import Context
+from .result import CheckResult
+
+CHECKS: dict[str, Callable[[Context], Iterable[CheckResult]]] = {
+    "gpu_count": device.gpu_count,
+    "persistence": device.persistence,
+    "ecc_volatile_uncorrected": memory.ecc_volatile_uncorrected,
+    "retired_pages": memory.retired_pages,
+    "row_remap": memory.row_remap,
+    "temperature": thermal.temperature,
+    "throttle": thermal.throttle,
+    "pcie_link": links.pcie_link,
+    "nvlink": links.nvlink,
+    "xid_events": xid.xid_events,
+}
+assert tuple(CHECKS) == CHECK_NAMES
