@@ -57,11 +57,14 @@ def _lab(lab_dir: str):
 @click.option("--nodes", type=click.IntRange(1, lab_layout.MAX_NODES), default=3, show_default=True,
               help="Number of slurmd nodes.")
 @click.option("--no-daemon", is_flag=True, help="Do not start the slurm-ft requeue daemon.")
+@click.option("--port-base", type=click.IntRange(1024, 60000), default=None,
+              help="slurmctld listens on BASE+17, node nK on BASE+200+K [default: 16800, or the lab's last].")
 @_dir_option
-def lab_up(nodes: int, no_daemon: bool, lab_dir: str) -> None:
+def lab_up(nodes: int, no_daemon: bool, port_base: int | None, lab_dir: str) -> None:
     """Start the lab cluster (idempotent; copes with stale state from a killed lab)."""
+    from .lab.cluster import Lab
     try:
-        _lab(lab_dir).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
+        Lab(lab_dir, port_base).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
     except SlurmFTError as exc:
         raise _fail(exc) from None
 

@@ -59,12 +59,12 @@ def _line_at(text: bytes, pos: int) -> tuple[int, int, bytes]:
     return ls, le, text[max(ls, pos - HALF_WINDOW):min(le, pos + HALF_WINDOW)]
 
 
-def scan(text: bytes, index: dict[bytes, tuple], base: int = 0) -> list[tuple[object, int, bytes]]:
-    """Rows of ``index`` (key -> rows) matching lines of ``text``: ``[(row, position, line)]``."""
+def scan(text: bytes, low: bytes, index: dict[bytes, tuple], base: int = 0) -> list[tuple[object, int, bytes]]:
+    """Rows of ``index`` (key -> rows) matching lines of ``text``: ``[(row, position, line)]``.
+    ``low`` is ``text.lower()`` (bytes.lower: ASCII only, so positions agree)."""
     out: list[tuple[object, int, bytes]] = []
     if not text or not index:
         return out
-    low = text.lower()
     seen: set[tuple[str, int]] = set()
     for key, rows in index.items():
         find = low.find
@@ -79,10 +79,10 @@ def scan(text: bytes, index: dict[bytes, tuple], base: int = 0) -> list[tuple[ob
     return out
 
 
-def _xid_lines(text: bytes) -> list[tuple[int, bytes]]:
-    """Kernel lines holding an Xid/SXid header, ``[(position, line)]``; wrapped headers re-joined."""
+def _xid_lines(text: bytes, low: bytes) -> list[tuple[int, bytes]]:
+    """Kernel lines holding an Xid/SXid header, ``[(position, line)]``; wrapped headers re-joined.
+    ``low`` is ``text.lower()``."""
     out: list[tuple[int, bytes]] = []
-    low = text.lower()
     pos = low.find(b"xid")
     cut = fmt("xid_cut")
     while pos != -1:
@@ -146,7 +146,8 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
     sxid_quals = policy.qualifiers("sxid")
     events: list[XidEvent] = []
     judged: list[tuple[XidEvent, int, bytes, object]] = []  # (event, pos, line, hit)
-    for pos, line in _xid_lines(kernel) if kernel else ():
+    kernel_low = kernel.lower()
+    for pos, line in _xid_lines(kernel, kernel_low) if kernel else ():
         hit = parse_xid(line)
         if hit is None:
             continue
@@ -197,8 +198,8 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
             cands.append(_Cand(row.rank, pos, row.cls, row.action, row.id, line))
 
     # -- signature rows over kernel text and job output -----------------------------------------
-    for text, source, base in ((kernel, "kernel", 0), (output, "output", out_base)):
-        for row, pos, line in scan(text, policy.index.get(source, {}), base):
+    for text, low, source, base in ((kernel, kernel_low, "kernel", 0), (output, output.lower(), "output", out_base)):
+        for row, pos, line in scan(text, low, policy.index.get(source, {}), base):
             if row.scope == "gpu":
                 bus = find_bus_id(line)
                 if not attributed(bus):

@@ -104,7 +104,7 @@ def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path) -> str:
         "ClusterName=slurmftlab",
         f"SlurmctldHost={host}(127.0.0.1)",
         "SlurmUser=root", "SlurmdUser=root",
-        f"SlurmctldPort={L.CTLD_PORT}", f"SlurmdPort={L.SLURMD_BASE_PORT}",
+        f"SlurmctldPort={lay.ctld_port}", f"SlurmdPort={lay.port_base + 200}",
         "AuthType=auth/munge", "CryptoType=crypto/munge",
         f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n",
         f"SlurmctldPidFile={d}/run/slurmctld.pid", f"SlurmdPidFile={d}/run/slurmd-%n.pid",
@@ -122,7 +122,7 @@ def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path) -> str:
         "PrologFlags=Alloc", "PrologEpilogTimeout=60",
     ]
     for i, n in enumerate(nodes, start=1):
-        lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={L.SLURMD_BASE_PORT + L.node_number(n)} "
+        lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={lay.slurmd_port(n)} "
                      f"CPUs=4 RealMemory=4000 Gres=gpu:{L.GPUS_PER_NODE} State=UNKNOWN")
     lines.append(f"PartitionName=gpu Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
@@ -159,16 +159,24 @@ poll_interval_s = 0.2
 class Lab:
     """One lab cluster rooted at ``dir``."""
 
-    def __init__(self, dir: str | os.PathLike = L.DEFAULT_DIR):
-        self.lay = Layout(Path(dir).resolve())
+    def __init__(self, dir: str | os.PathLike = L.DEFAULT_DIR, port_base: int | None = None):
+        """``port_base``: None = the one this lab was last started with (default 16800)."""
+        lay = Layout(Path(dir).resolve())
+        if port_base is None:
+            port_base = self._read_state_at(lay).get("port_base", L.DEFAULT_PORT_BASE)
+        self.lay = Layout(lay.dir, port_base)
         self.repo = L.repo_root()
+
+    @staticmethod
+    def _read_state_at(lay: Layout) -> dict:
+        try:
+            return json.loads(lay.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
 
     # state file --------------------------------------------------------------
     def _read_state(self) -> dict:
-        try:
-            return json.loads(self.lay.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
+        return self._read_state_at(self.lay)
 
     def _write_state(self, state: dict) -> None:
         tmp = self.lay.state_file.with_suffix(".tmp")
@@ -220,6 +228,7 @@ class Lab:
         procs = self.processes()
         if (procs and all(p["alive"] for p in procs) and state.get("nodes") == want
                 and state.get("repo") == str(self.repo) and bool(state.get("daemon")) == daemon
+                and state.get("port_base", L.DEFAULT_PORT_BASE) == self.lay.port_base
                 and self._healthy(want)):
             log(f"lab already up in {self.lay.dir} ({', '.join(want)})")
             return self.status()
@@ -227,7 +236,8 @@ class Lab:
             self.down(log=lambda *_: None)
         self._fresh_files(want)
         started: list[Proc] = []
-        state = {"repo": str(self.repo), "nodes": want, "daemon": daemon, "procs": [], "started_at": time.time()}
+        state = {"repo": str(self.repo), "nodes": want, "daemon": daemon, "procs": [], "started_at": time.time(),
+                 "port_base": self.lay.port_base}
         self._write_state(state)
         try:
             munge = self._ensure_munge()
@@ -313,11 +323,11 @@ class Lab:
             return False
 
     def _check_ports(self, nodes: list[str]) -> None:
-        ports = [L.CTLD_PORT] + [L.SLURMD_BASE_PORT + L.node_number(n) for n in nodes]
+        ports = [self.lay.ctld_port] + [self.lay.slurmd_port(n) for n in nodes]
         for port in ports:
             if not _port_free(port):
                 raise LabError(f"port {port} is taken by {_port_owner(port)}; the lab needs ports "
-                               f"{L.CTLD_PORT} and {L.SLURMD_BASE_PORT + 1}-{L.SLURMD_BASE_PORT + L.MAX_NODES}")
+                               f"{ports[0]} and {ports[1]}-{ports[-1]} (use --port-base to move it)")
 
     def _ping(self) -> bool:
         try:

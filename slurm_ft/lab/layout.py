@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_DIR = Path("/var/tmp/slurm-ft-lab")
-CTLD_PORT = 16817
-SLURMD_BASE_PORT = 17000
+#: Ports: slurmctld on ``port_base + 17``, node ``nK`` on ``port_base + 200 + K``
+#: (default 16817 and 17001...; ``lab up --port-base`` moves a second lab out of the way).
+DEFAULT_PORT_BASE = 16800
 GPUS_PER_NODE = 2
 MAX_NODES = 15
 
@@ -25,6 +26,13 @@ def repo_root() -> Path:
 @dataclass(frozen=True)
 class Layout:
     dir: Path
+    port_base: int = DEFAULT_PORT_BASE
+
+    @property
+    def ctld_port(self) -> int: return self.port_base + 17
+
+    def slurmd_port(self, node: str) -> int:
+        return self.port_base + 200 + node_number(node)
 
     @property
     def slurm_conf(self) -> Path: return self.dir / "slurm.conf"
