@@ -17,12 +17,22 @@ def history(journal, job_id: int) -> dict:
     """``{"job_id", "name", "ft_state", "retries", "attempts": [...]}``; each attempt has
     ``attempt, nodes, start, end, state, verdict, rule, xids, action`` (times epoch seconds)."""
     job = journal.job(job_id)
+    if job is None and journal.verdicts(job_id):
+        job = {"name": None, "ft_state": "not-configured", "retries": None, "excluded_nodes": None}
     if job is None:
         raise SlurmFTError(f"job {job_id} is not in the journal {journal.path} (not ft-enabled, or unknown)")
     rows = []
-    for a in journal.attempts(job_id):
-        verdicts = journal.verdicts(job_id, a["attempt"])
-        actions = [x for x in journal.actions(job_id, a["attempt"]) if x["status"] != "intent"]
+    recorded = {a["attempt"]: a for a in journal.attempts(job_id)}
+    # an attempt that never ran (a prolog health check refused the node) has verdicts/actions only
+    numbers = set(recorded) | {v["attempt"] for v in journal.verdicts(job_id)} | \
+        {x["attempt"] for x in journal.actions(job_id)}
+    for n in sorted(numbers):
+        a = recorded.get(n) or {"attempt": n, "nodes": None, "start": None, "end": None, "state": "NOT_STARTED",
+                                "exit_code": None, "signal": None}
+        verdicts = journal.verdicts(job_id, n)
+        actions = [x for x in journal.actions(job_id, n) if x["status"] != "intent"]
+        if a["nodes"] is None and verdicts:
+            a["nodes"] = ",".join(sorted({v["node"] for v in verdicts}))
         worst = next((v for c in ("hardware", "hang", "infra", "user", "unknown", "ok")
                       for v in verdicts if v["verdict"] == c), None)
         rows.append({
@@ -43,8 +53,8 @@ def _summarise(actions: list[dict]) -> str:
     for x in actions:
         if x["action"] == "drain" and x["status"] == "done":
             parts.append(f"drain {x['target']}")
-        elif x["action"] == "requeue" and x["status"] == "done":
-            parts.append("requeue")
+        elif x["action"] in ("requeue", "release") and x["status"] == "done":
+            parts.append(x["action"])
         elif x["action"] == "decide":
             parts.append(x["detail"].split(":")[0])
         elif x["status"] == "failed":

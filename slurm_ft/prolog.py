@@ -39,8 +39,43 @@ def run(env: dict[str, str] | None = None) -> int:
 
 
 def health_gate(cfg, job: NodeJob, log) -> int:
-    """Run the health checks (when configured); 1 if the node must not run the job."""
-    return 0
+    """Run the GPU health checks; on a failing check, journal it, drain the node with a
+    ``slurm-ft: <check>: <measurement>`` reason (an admin's reason is kept), tell the daemon through
+    the node mailbox (it releases the job elsewhere at once) and return 1 so Slurm does not start
+    the job here. A check that could not run is a fail (see slurm_ft.health); a broken config is
+    logged and lets the job start (our bug must not take a node out of service)."""
+    from .drain import drain_node
+    from .failover import mailbox
+    from .health import run_checks, unhealthy
+    from .journal import open_journal
+    from .slurm import Slurm
+
+    try:
+        results = run_checks(cfg, job.node)
+    except SlurmFTError as exc:
+        log(f"health checks not run: {exc}")
+        return 0
+    failing = unhealthy(results)
+    try:
+        with open_journal(cfg.node_journal_path(job.node)) as journal:
+            journal.add_health(job.node, [r.to_dict() for r in results], job_id=job.job_id)
+    except SlurmFTError as exc:
+        log(f"health results not journaled: {exc}")
+    if not failing:
+        return 0
+    first = failing[0]
+    where = f"GPU{first.gpu} " if first.gpu is not None and f"GPU{first.gpu}" not in first.measurement else ""
+    reason = f"slurm-ft: {first.check}: {where}{first.measurement}"[:200]
+    log(f"unhealthy: {reason}")
+    slurm = Slurm.from_config(cfg)
+    try:
+        log(f"drain: {drain_node(slurm, job.node, reason)}")
+        rec = mailbox.new_record(job.job_id, job.attempt, "hardware", f"health:{first.check}", [], None)
+        mailbox.publish(slurm, job.node, rec, field=cfg.failover.mailbox_field, keep=cfg.failover.mailbox_keep,
+                        lock_dir=cfg.node_state.dir)
+    except SlurmFTError as exc:
+        log(f"could not drain/report: {exc}")
+    return 1
 
 
 if __name__ == "__main__":

@@ -79,38 +79,38 @@ def _v(node, verdict, rule="r"):
 
 
 def test_policy_hardware_fails_over_within_budget():
-    d = policy.decide(slurm_state="FAILED", attempt=0, retries=3, verdicts=[_v("n1", "hardware", "xid-79")],
+    d = policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[_v("n1", "hardware", "xid-79")],
                       job_nodes=["n1"], seconds_since_end=0)
     assert d.kind == "failover" and d.blamed_nodes == ("n1",)
 
 
 def test_policy_budget_exhausted_and_zero():
     hw = [_v("n1", "hardware")]
-    assert policy.decide(slurm_state="FAILED", attempt=3, retries=3, verdicts=hw, job_nodes=["n1"],
+    assert policy.decide(slurm_state="FAILED", failovers_done=3, retries=3, verdicts=hw, job_nodes=["n1"],
                          seconds_since_end=0).kind == policy.MAX_RETRIES
-    assert policy.decide(slurm_state="FAILED", attempt=0, retries=0, verdicts=hw, job_nodes=["n1"],
+    assert policy.decide(slurm_state="FAILED", failovers_done=0, retries=0, verdicts=hw, job_nodes=["n1"],
                          seconds_since_end=0).kind == policy.MAX_RETRIES
 
 
 def test_policy_user_fault_is_internal_error_and_waits_for_verdicts():
-    assert policy.decide(slurm_state="FAILED", attempt=0, retries=3, verdicts=[_v("n1", "user")], job_nodes=["n1"],
+    assert policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[_v("n1", "user")], job_nodes=["n1"],
                          seconds_since_end=0).kind == policy.INTERNAL_ERROR
-    assert policy.decide(slurm_state="FAILED", attempt=0, retries=3, verdicts=[], job_nodes=["n1"],
+    assert policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[], job_nodes=["n1"],
                          seconds_since_end=0.5).kind == "wait"
-    assert policy.decide(slurm_state="FAILED", attempt=0, retries=3, verdicts=[], job_nodes=["n1"],
+    assert policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[], job_nodes=["n1"],
                          seconds_since_end=60).kind == policy.INTERNAL_ERROR
 
 
 def test_policy_node_fail_blames_the_job_nodes():
-    d = policy.decide(slurm_state="NODE_FAIL", attempt=0, retries=3, verdicts=[], job_nodes=["n2"],
+    d = policy.decide(slurm_state="NODE_FAIL", failovers_done=0, retries=3, verdicts=[], job_nodes=["n2"],
                       seconds_since_end=0)
     assert d.kind == "failover" and d.blamed_nodes == ("n2",)
 
 
 def test_policy_completed_and_infra():
-    assert policy.decide(slurm_state="COMPLETED", attempt=0, retries=3, verdicts=[], job_nodes=[],
+    assert policy.decide(slurm_state="COMPLETED", failovers_done=0, retries=3, verdicts=[], job_nodes=[],
                          seconds_since_end=0).kind == policy.COMPLETED
-    d = policy.decide(slurm_state="FAILED", attempt=0, retries=3, verdicts=[_v("n1", "infra")], job_nodes=["n1"],
+    d = policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[_v("n1", "infra")], job_nodes=["n1"],
                       seconds_since_end=0)
     assert d.kind == "failover" and d.blamed_nodes == ()
 

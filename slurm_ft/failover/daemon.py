@@ -20,13 +20,15 @@ import signal
 import time
 
 from ..errors import ConfigError, SlurmCommandError, SlurmFTError
+from ..drain import LEADER, drain_node
 from ..journal import open_journal
 from ..slurm import Job, Slurm
 from . import jobspec, mailbox, policy
 
 log = logging.getLogger("slurm_ft.daemon")
-LEADER = "slurm-ft:"
 MAX_PRIORITY = 4294967293
+#: Rule ids of prolog health-check verdicts (``health:<check>``).
+HEALTH_RULE = "health:"
 
 
 def drain_reason(job_id: int, verdict: dict) -> str:
@@ -94,6 +96,13 @@ class Daemon:
 
     # ------------------------------------------------------------------ per job
     def handle(self, job: Job) -> None:
+        if job.state == "PENDING" and job.restart_count > 0:
+            health = [v for v in self.journal.verdicts(job.job_id, job.restart_count - 1)
+                      if v["rule"].startswith(HEALTH_RULE)]
+            if health and not any(a["action"] == "release" and a["status"] == "done"
+                                  for a in self.journal.actions(job.job_id, job.restart_count - 1)):
+                self.release_after_prolog_failure(job, health)
+                return
         try:
             opts = jobspec.from_comment(job.comment, self.cfg.failover.retries)
         except ConfigError as exc:
@@ -125,7 +134,8 @@ class Daemon:
             return
         verdicts = self.journal.verdicts(job.job_id, attempt)
         since_end = time.time() - (job.end_time or time.time())
-        decision = policy.decide(slurm_state=job.state, attempt=attempt, retries=row["retries"],
+        failovers = sum(1 for a in self.journal.actions(job.job_id) if a["action"] == "failover" and a["status"] == "done")
+        decision = policy.decide(slurm_state=job.state, failovers_done=failovers, retries=row["retries"],
                                  verdicts=verdicts, job_nodes=_split_nodes(job.nodes), seconds_since_end=since_end)
         if decision.kind == "wait":
             return
@@ -137,6 +147,26 @@ class Daemon:
             log.info("job %s attempt %s: %s (%s)", job.job_id, attempt, decision.kind, decision.reason)
             if decision.kind == policy.MAX_RETRIES:
                 self._drain(job, decision)
+
+    def release_after_prolog_failure(self, job: Job, verdicts: list[dict]) -> None:
+        """A prolog health check failed the node before the job ran: Slurm requeued the job held
+        (``launch_failed_requeued_held`` on 22.05) with the 121 s delay. Send it elsewhere now:
+        exclude the node, release, restore its priority, ``StartTime=now``. Applies to every job
+        (ft-enabled or not), and does not count against the retry budget: the job never ran."""
+        attempt = job.restart_count - 1
+        blamed = sorted({v["node"] for v in verdicts})
+        excluded = sorted(set(_split_nodes(job.excluded_nodes)) | set(blamed))
+        aid = self.journal.intend(job.job_id, attempt, "release", ",".join(blamed),
+                                  f"prolog health check failed ({verdicts[0]['rule']}); ExcNodeList={','.join(excluded)}")
+        log.info("job %s: prolog health check failed on %s: releasing elsewhere", job.job_id, ",".join(blamed))
+        self.slurm.update_job(job.job_id, ExcNodeList=",".join(excluded))
+        if job.priority == 0:
+            self.slurm.release(job.job_id)
+        fields = {"StartTime": "now"}
+        if self.cfg.failover.priority_boost:
+            fields["Priority"] = str(min(MAX_PRIORITY, self._top_priority + self.cfg.failover.priority_boost))
+        self.slurm.update_job(job.job_id, **fields)
+        self.journal.finish(aid)
 
     def _decided(self, job_id: int, attempt: int) -> bool:
         return any(a["action"] in ("decide", "failover") and a["status"] == "done"
@@ -187,16 +217,11 @@ class Daemon:
         for node in decision.blamed_nodes:
             verdict = next((v for v in decision.verdicts if v["node"] == node), {})
             reason = drain_reason(job.job_id, verdict)
-            current = self.slurm.show_node(node)
-            cur_reason = current.get("Reason", "")
-            if "DRAIN" in current.get("State", "") and cur_reason and not cur_reason.startswith(LEADER):
-                self.journal.record(job.job_id, job.restart_count, "drain", node,
-                                    f"kept admin reason: {cur_reason}", status="skipped")
-                continue
             step = self.journal.intend(job.job_id, job.restart_count, "drain", node, reason)
             try:
-                self.slurm.drain(node, reason)
-                self.journal.finish(step)
+                outcome = drain_node(self.slurm, node, reason)
+                self.journal.finish(step, "done" if outcome == "drained" else "skipped",
+                                    None if outcome == "drained" else f"{outcome}: {reason}")
             except SlurmCommandError as exc:
                 self.journal.finish(step, "failed", str(exc))
 

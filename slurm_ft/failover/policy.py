@@ -35,12 +35,13 @@ class Decision:
     verdicts: tuple[dict, ...] = field(default=())
 
 
-def decide(*, slurm_state: str, attempt: int, retries: int, verdicts: list[dict], job_nodes: list[str],
+def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: list[dict], job_nodes: list[str],
            seconds_since_end: float, grace_s: float = 3.0) -> Decision:
     """Decide what to do with an ended attempt.
 
-    ``slurm_state``: the job's Slurm state (e.g. FAILED, NODE_FAIL, COMPLETED); ``attempt``: Slurm's
-    restart count (= failovers already done); ``retries``: the job's budget (0 = never requeue);
+    ``slurm_state``: the job's Slurm state (e.g. FAILED, NODE_FAIL, COMPLETED); ``failovers_done``:
+    failovers slurm-ft already did for this job (prolog-failure releases and in-place restarts do not
+    count); ``retries``: the job's budget (0 = never requeue);
     ``verdicts``: the node verdicts of this attempt (dicts with ``node``, ``verdict``, ``rule``);
     ``seconds_since_end``: time since the attempt ended, used to wait ``grace_s`` for late verdicts.
     """
@@ -56,7 +57,7 @@ def decide(*, slurm_state: str, attempt: int, retries: int, verdicts: list[dict]
         chosen = by_class["hardware"] or by_class["hang"] or by_class["infra"]
         kind = chosen[0]["verdict"]
         blamed = tuple(sorted({v["node"] for v in chosen})) if RETRY_CLASSES[kind] else ()
-        if attempt >= retries:
+        if failovers_done >= retries:
             return Decision(MAX_RETRIES, f"{kind} fault but retry budget {retries} is used up", blamed, tuple(chosen))
         return Decision("failover", f"{kind} fault ({chosen[0]['rule']})", blamed, tuple(chosen))
     if by_class["user"]:

@@ -152,6 +152,10 @@ command_timeout_s = 10.0
 
 [failover]
 poll_interval_s = 0.2
+
+[health]
+expected_gpus = {L.GPUS_PER_NODE}
+nvml_timeout_s = 5.0
 """
 
 

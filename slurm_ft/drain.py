@@ -1,0 +1,23 @@
+"""Draining nodes with a slurm-ft reason, never overwriting a reason an admin set."""
+
+from __future__ import annotations
+
+LEADER = "slurm-ft:"
+
+
+def drain_node(slurm, node: str, reason: str) -> str:
+    """Drain ``node`` with ``reason`` (must start with ``slurm-ft:``).
+
+    Returns ``"drained"``, or ``"kept-admin-reason"`` when the node is already drained (or down)
+    with a reason not set by slurm-ft, which is left untouched (as NHC's node-mark-offline does).
+    Raises :class:`SlurmCommandError` if Slurm refuses.
+    """
+    if not reason.startswith(LEADER):
+        raise ValueError(f"drain reason must start with {LEADER!r}: {reason!r}")
+    current = slurm.show_node(node)
+    cur_reason = current.get("Reason", "")
+    state = current.get("State", "")
+    if cur_reason and not cur_reason.startswith(LEADER) and any(s in state for s in ("DRAIN", "DOWN", "FAIL")):
+        return "kept-admin-reason"
+    slurm.drain(node, reason)
+    return "drained"

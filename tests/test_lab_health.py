@@ -1,0 +1,46 @@
+"""Prolog health checks on the real lab (issue 4): a sick node never runs the job."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slurm_ft import config as config_mod
+from slurm_ft.journal import open_journal
+from slurm_ft.lab.demo import submit_training
+from slurm_ft.nvml import fake
+
+pytestmark = pytest.mark.lab
+
+
+def test_pending_row_remap_drains_node_and_job_runs_elsewhere(lab, slurm):
+    fake.set_gpu_field(str(lab.lay.inventory("n1")), 0, "row_remap_pending", "true")
+    # Hold n2/n3 out so the scheduler's only choice is the sick n1; give them back at once.
+    for n in ("n2", "n3"):
+        slurm.drain(n, "test: keep free")
+    t0 = time.monotonic()
+    job = submit_training(lab, steps=8, step_time=0.1)
+    held = slurm.wait_job(job.job_id, lambda j: j.restart_count >= 1 or (j.state == "RUNNING" and j.reason != "Prolog"), 30, 0.05)
+    for n in ("n2", "n3"):
+        slurm.resume(n)
+    assert held is not None and held.restart_count == 1, "the job must not start on the sick node"
+    ran = slurm.wait_job(job.job_id, lambda j: (j.state == "RUNNING" and j.reason != "Prolog") or j.state == "COMPLETED", 30, 0.05)
+    elapsed = time.monotonic() - t0
+    assert ran is not None and ran.nodes != "n1", f"job did not run elsewhere: {ran}"
+    n1 = slurm.show_node("n1")
+    assert n1["Reason"].startswith("slurm-ft: row_remap:"), n1["Reason"]
+    assert elapsed < 20
+    final = slurm.wait_job(job.job_id, lambda j: j.ended, 60, 0.5)
+    assert final.state == "COMPLETED"
+    cfg = config_mod.load(lab.lay.ft_conf)
+    with open_journal(cfg.node_journal_path("n1")) as j:
+        rows = list(j.db.query("SELECT * FROM health WHERE job_id = ? AND status = 'fail'", [job.job_id]))
+    assert any(r["check_name"] == "row_remap" and r["gpu"] == 0 for r in rows)
+
+
+def test_admin_drain_reason_is_never_overwritten(lab, slurm):
+    from slurm_ft.drain import drain_node
+    slurm.drain("n3", "bad fan, ticket 42")
+    assert drain_node(slurm, "n3", "slurm-ft: temperature: GPU0 95 C") == "kept-admin-reason"
+    assert slurm.show_node("n3")["Reason"].startswith("bad fan, ticket 42")
