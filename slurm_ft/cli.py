@@ -38,6 +38,36 @@ def daemon(once: bool, config_path: str | None, verbose: bool) -> None:
         raise _fail(exc) from None
 
 
+@main.command()
+@click.argument("node")
+@click.option("--checkpoint", is_flag=True,
+              help="Before requeueing, signal the ft-enabled jobs on NODE to checkpoint and wait for their ack.")
+@click.option("--reason", help="Drain reason (default: 'slurm-ft: drain --checkpoint by admin').")
+@click.option("--wait", "wait_s", type=click.IntRange(1, 3600),
+              help="Wait at most this long for each job's ack (default: the job's --ft-ckpt-wait).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
+def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, config_path: str | None) -> None:
+    """Drain NODE (root, controller host); with --checkpoint, checkpoint-before-exit its ft-enabled
+    jobs (signal every task, wait for the save) and requeue them excluding NODE."""
+    from .checkpoint.evacuate import LEADER, drain as drain_with_reason, evacuate_node
+    from .journal import open_journal
+    from .slurm import Slurm
+    try:
+        cfg = config_mod.load(config_path)
+        slurm = Slurm.from_config(cfg)
+        with open_journal(cfg.journal.path) as journal:
+            if not checkpoint:
+                click.echo(f"{node}: {drain_with_reason(slurm, node, reason or f'{LEADER} drained by admin')}")
+                return
+            outcomes = evacuate_node(slurm, journal, node, default_retries=cfg.failover.retries, reason=reason,
+                                     wait_s=wait_s, priority_boost=cfg.failover.priority_boost, log=click.echo)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+    for o in outcomes:
+        if o.result == "skipped":
+            click.echo(f"job {o.job_id}: left running ({o.detail})")
+
+
 # ------------------------------------------------------------------------------------------ lab
 @main.group()
 def lab() -> None:

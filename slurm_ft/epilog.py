@@ -116,9 +116,9 @@ def run(env: dict[str, str] | None = None) -> int:
         log = NodeLog("epilog", job, cfg.node_state.log)
         marker = pop_start_marker(cfg.node_state.dir, job)
         since = marker["monotonic"] - 1.0 if marker else time.monotonic() - FALLBACK_WINDOW_S
-        from .classify import classify
+        from .classify import classify, from_config
         evidence = gather_evidence(cfg, job, since, log)
-        verdict = classify(evidence)
+        verdict = classify(evidence, from_config(cfg.classify) if cfg.classify else None)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
     except SlurmFTError as exc:
         log(f"error: {exc}")

@@ -41,11 +41,44 @@ def history(journal, job_id: int) -> dict:
             "verdict": worst["verdict"] if worst else None, "rule": worst["rule"] if worst else None,
             "xids": sorted({f"{x['xid']}@{x.get('bus_id') or '?'}" for v in verdicts for x in v["xids"]}),
             "verdicts": [{k: v[k] for k in ("node", "verdict", "rule", "xids", "evidence")} for v in verdicts],
+            "checkpoint": _checkpoint(actions),
             "action": _summarise(actions),
             "actions": [{k: x[k] for k in ("action", "target", "detail", "status", "created")} for x in actions],
         })
     return {"job_id": job_id, "name": job["name"], "ft_state": job["ft_state"], "retries": job["retries"],
             "excluded_nodes": job["excluded_nodes"], "attempts": rows}
+
+
+def _checkpoint(actions: list[dict]) -> dict | None:
+    """The attempt's exit checkpoint (slurm_ft/checkpoint/evacuate.py): result, step, path."""
+    ckpt = [x for x in actions if x["action"].startswith("ckpt-")]
+    if not ckpt:
+        return None
+    last = ckpt[-1]
+    out: dict = {"result": "notified", "step": None, "path": None, "detail": last["detail"]}
+    if last["action"] == "ckpt-ack":
+        words = last["detail"].split()
+        out["result"] = words[0] if words else "?"
+        for w in words[1:]:
+            key, _, value = w.partition("=")
+            if key == "step" and value.isdigit():
+                out["step"] = int(value)
+            elif key == "path":
+                out["path"] = value
+    elif last["action"] == "ckpt-timeout":
+        out["result"] = "timeout"
+    return out
+
+
+def _ckpt_cell(c: dict | None) -> str:
+    if not c:
+        return "-"
+    text = c["result"]
+    if c["step"] is not None:
+        text += f" @{c['step']}"
+    if c["path"]:
+        text += f" {c['path']}"
+    return text
 
 
 def _summarise(actions: list[dict]) -> str:
@@ -67,9 +100,10 @@ def _t(ts) -> str:
 
 
 def render_table(h: dict) -> str:
-    head = ("ATTEMPT", "NODES", "START", "END", "STATE", "VERDICT", "XIDS", "ACTION")
+    head = ("ATTEMPT", "NODES", "START", "END", "STATE", "VERDICT", "XIDS", "CHECKPOINT", "ACTION")
     rows = [(str(a["attempt"]), a["nodes"] or "-", _t(a["start"]), _t(a["end"]), a["state"] or "-",
-             f"{a['verdict']} ({a['rule']})" if a["verdict"] else "-", ",".join(a["xids"]) or "-", a["action"])
+             f"{a['verdict']} ({a['rule']})" if a["verdict"] else "-", ",".join(a["xids"]) or "-",
+             _ckpt_cell(a.get("checkpoint")), a["action"])
             for a in h["attempts"]]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = [f"Job {h['job_id']} ({h['name']}): ft state {h['ft_state']}, retries {h['retries']}"]

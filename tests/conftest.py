@@ -28,6 +28,7 @@ def lab():
     from slurm_ft.lab.cluster import Lab
     lab = Lab(LAB_DIR)
     lab.up(nodes=3, daemon=True, log=lambda *_: None)
+    lab.daemon_start()  # always the daemon of the code under test
     return lab
 
 

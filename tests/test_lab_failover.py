@@ -9,7 +9,7 @@ import pytest
 from slurm_ft import config as config_mod
 from slurm_ft.history import history
 from slurm_ft.journal import open_journal
-from slurm_ft.lab.demo import ckpt_step, job_gpu_index, run_demo, submit_training, wait_for
+from slurm_ft.lab.demo import ckpt_step, job_gpu_index, run_demo, submit_training, wait_for, wait_started
 from slurm_ft.lab.inject import inject_xid
 
 pytestmark = pytest.mark.lab
@@ -34,7 +34,7 @@ def test_demo_xid79_fails_over_and_resumes(lab, slurm):
 
 def test_xid13_is_user_fault_not_requeued(lab, slurm):
     job = submit_training(lab, steps=200)
-    first = slurm.wait_job(job.job_id, lambda j: j.state == "RUNNING", 60)
+    first = wait_started(slurm, job)
     wait_for(lambda: ckpt_step(job.ckpt) >= 5, 60, "checkpoint")
     inject_xid(first.nodes, 13, job_gpu_index(slurm, job.job_id))
     h = _history(lab, job.job_id, lambda h: h["ft_state"] == "internal-error")
@@ -55,7 +55,7 @@ def test_xid_on_other_jobs_gpu_fails_over_only_that_job(lab, slurm):
     b = submit_training(lab, steps=400)
     try:
         for s in (a, b):
-            assert slurm.wait_job(s.job_id, lambda j: j.state == "RUNNING" and j.nodes == "n1", 60)
+            assert wait_started(slurm, s).nodes == "n1"
     finally:
         for n in ("n2", "n3"):
             slurm.resume(n)
@@ -74,7 +74,7 @@ def test_xid_on_other_jobs_gpu_fails_over_only_that_job(lab, slurm):
 
 def test_xid_on_another_nodes_gpu_changes_nothing(lab, slurm):
     job = submit_training(lab, steps=24, step_time=0.25)
-    first = slurm.wait_job(job.job_id, lambda j: j.state == "RUNNING", 60)
+    first = wait_started(slurm, job)
     other = next(n for n in ("n1", "n2", "n3") if n != first.nodes)
     inject_xid(other, 79, 0, kill=False)
     final = slurm.wait_job(job.job_id, lambda j: j.ended, 60, 0.5)

@@ -24,6 +24,8 @@ from .policy import Policy, default_policy
 HALF_WINDOW = 2048
 #: Longest raw line kept in an XidEvent.
 MAX_XID_LINE = 1000
+#: Most Xid events reported in a verdict (all of them still count for the decision).
+MAX_XIDS = 100
 
 _OK_STATES = (None, "", "COMPLETED")
 
@@ -36,9 +38,14 @@ class _Cand:
 
 
 def _text(value: object) -> bytes:
+    """Any str/bytes/object as UTF-8 bytes; undecodable input never raises."""
     if isinstance(value, bytes):
         return value
-    return str(value).encode("utf-8", "surrogateescape" if isinstance(value, str) else "replace")
+    text = value if isinstance(value, str) else str(value)
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # lone surrogates outside the escape range
+        return text.encode("utf-8", "replace")
 
 
 def _to_bytes(lines: object) -> bytes:
@@ -101,24 +108,54 @@ def _decode(line: bytes, limit: int = MAX_EVIDENCE_CHARS) -> str:
 
 
 def _count_fired(occ: list[tuple[bytes, tuple[str, float] | None]], count: int, window_s: float) -> bool:
-    """Whether ``count`` distinct occurrence keys fall within ``window_s`` (undated ones count always)."""
+    """Whether ``count`` distinct occurrence keys fall within ``window_s`` seconds.
+
+    Undated occurrences count inside every window; dated ones are compared only with stamps of
+    the same clock.  One sliding window per clock: O(n log n)."""
     undated = {k for k, t in occ if t is None}
-    by_clock: dict[str, list[tuple[float, bytes]]] = {}
-    for k, t in occ:
-        if t is not None:
-            by_clock.setdefault(t[0], []).append((t[1], k))
     if len(undated) >= count:
         return True
+    by_clock: dict[str, list[tuple[float, bytes]]] = {}
+    for k, t in occ:
+        if t is not None and k not in undated:
+            by_clock.setdefault(t[0], []).append((t[1], k))
+    need = count - len(undated)
     for stamps in by_clock.values():
         stamps.sort()
+        inside: dict[bytes, int] = {}
         lo = 0
-        for hi in range(len(stamps)):
-            while stamps[hi][0] - stamps[lo][0] > window_s:
+        for when, key in stamps:
+            inside[key] = inside.get(key, 0) + 1
+            while when - stamps[lo][0] > window_s:
+                old = stamps[lo][1]
+                inside[old] -= 1
+                if not inside[old]:
+                    del inside[old]
                 lo += 1
-            keys = {k for _, k in stamps[lo:hi + 1]} | undated
-            if len(keys) >= count:
+            if len(inside) >= need:
                 return True
     return False
+
+
+def _bounded_xids(events: list[XidEvent]) -> tuple[XidEvent, ...]:
+    """At most :data:`MAX_XIDS` events in log order: the first of each (kind, xid, bus id) always,
+    then further events in log order; exact repeats of a line are dropped."""
+    if len(events) <= MAX_XIDS:
+        return tuple(events)
+    keep: set[int] = set()
+    firsts: set[tuple[str, int, str | None]] = set()
+    for i, ev in enumerate(events):
+        if (ev.kind, ev.xid, ev.bus_id) not in firsts and len(keep) < MAX_XIDS:
+            firsts.add((ev.kind, ev.xid, ev.bus_id))
+            keep.add(i)
+    lines = {events[i].line for i in keep}
+    for i, ev in enumerate(events):
+        if len(keep) >= MAX_XIDS:
+            break
+        if i not in keep and ev.line not in lines:
+            keep.add(i)
+            lines.add(ev.line)
+    return tuple(events[i] for i in sorted(keep))
 
 
 def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
@@ -188,13 +225,13 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
         if rule is not None:
             cands.append(_Cand(rule.priority, pos, rule.cls, rule.action, rule.id, line))
             continue
-        code = hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
+        xid = hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
         for q in xid_quals:
-            if (q.xids is None or code in q.xids) and q.regex.search(line):
+            if (q.xids is None or xid in q.xids) and q.regex.search(line):
                 cands.append(_Cand(q.priority, pos, q.cls, q.action, q.id, line))
                 break
         else:
-            row = policy.xid_row(code)
+            row = policy.xid_row(xid)
             cands.append(_Cand(row.rank, pos, row.cls, row.action, row.id, line))
 
     # -- signature rows over kernel text and job output -----------------------------------------
@@ -209,7 +246,7 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
     # -- Slurm state and exit status --------------------------------------------------------------
     tail = out_base + len(output) + 1
     if evidence.slurm_state:
-        state = _text(evidence.slurm_state.strip().upper())
+        state = _text(str(evidence.slurm_state).strip().upper())
         for row in policy.signatures:
             if row.source == "slurm_state" and row.regex.search(state):
                 cands.append(_Cand(row.priority, tail, row.cls, row.action, row.id, b"slurm state: " + state))
@@ -217,6 +254,8 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
     code = evidence.exit_code
     if sig is None and code is not None and 128 < code < 160:
         sig = code - 128  # shells report death by signal N as exit status 128+N
+    elif sig is None and code is not None and code < 0:
+        sig, code = -code, None  # Python/torchrun style: -N means killed by signal N
     if code is not None or sig:
         pseudo = b"exit=%s signal=%s" % (b"%d" % code if code is not None else b"none",
                                           b"%d" % sig if sig else b"none")
@@ -227,7 +266,7 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
 
     # -- decide ------------------------------------------------------------------------------------
     win = max(cands, key=lambda c: (c.priority, -c.pos)) if cands else None
-    clean = code == 0 and not sig and (evidence.slurm_state or "").strip().upper() in _OK_STATES
+    clean = code == 0 and not sig and str(evidence.slurm_state or "").strip().upper() in _OK_STATES
     if clean:
         action = win.action if (win is not None and win.cls == "hardware") else "none"
         verdict, rule = "ok", "clean-exit"
@@ -246,4 +285,4 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
             lines.append(s)
             if len(lines) >= MAX_EVIDENCE_LINES:
                 break
-    return Verdict(verdict=verdict, rule=rule, xids=tuple(events), evidence=tuple(lines), action=action)
+    return Verdict(verdict=verdict, rule=rule, xids=_bounded_xids(events), evidence=tuple(lines), action=action)

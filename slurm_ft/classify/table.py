@@ -11,12 +11,10 @@ Rows are validated on load; a broken data file is a packaging bug and raises Con
 
 from __future__ import annotations
 
-import csv
+import os
 import re
-import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 
 from ..errors import ConfigError
 from .model import ACTIONS, CLASSES
@@ -86,8 +84,13 @@ def _compile(pattern: str) -> re.Pattern[bytes]:
     return re.compile(pattern.encode("utf-8"), re.IGNORECASE)
 
 
+#: The package's data directory (shipped via setup.cfg package_data).
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+
+
 def _data_text(name: str) -> str:
-    return resources.files("slurm_ft").joinpath("data", name).read_text(encoding="utf-8")
+    with open(os.path.join(DATA_DIR, name), encoding="utf-8") as fh:
+        return fh.read()
 
 
 def _check_class_action(where: str, cls: object, action: object) -> None:
@@ -100,6 +103,8 @@ def _check_class_action(where: str, cls: object, action: object) -> None:
 @lru_cache(maxsize=1)
 def xid_catalog() -> dict[int, XidRow]:
     """The shipped Xid catalog, keyed by code."""
+    import csv  # local: loaded on first classification, not at import
+
     rows: dict[int, XidRow] = {}
     for rec in csv.DictReader(_data_text("xid_catalog.csv").splitlines()):
         where = f"xid_catalog.csv xid {rec.get('xid')}"
@@ -145,6 +150,8 @@ def signature_from_dict(rec: dict, where: str) -> Signature:
 @lru_cache(maxsize=1)
 def signatures() -> tuple[Signature, ...]:
     """The shipped signature rows, in file order."""
+    import tomllib
+
     data = tomllib.loads(_data_text("signatures.toml"))
     rows = tuple(signature_from_dict(rec, f"signatures.toml [{i}] {rec.get('id')}") for i, rec in enumerate(data["signature"]))
     ids = [r.id for r in rows]
@@ -156,6 +163,8 @@ def signatures() -> tuple[Signature, ...]:
 @lru_cache(maxsize=1)
 def count_rules() -> tuple[CountRule, ...]:
     """The shipped default count/window rules."""
+    import tomllib
+
     data = tomllib.loads(_data_text("classify_policy.toml"))
     out = []
     for rec in data.get("count", []):

@@ -5,22 +5,27 @@ Runs as root on the controller host (``slurm-ft daemon``; ``--once`` for one cyc
 1. read every node's verdict mailbox (one ``sinfo --json``) into the journal;
 2. read every job (one ``squeue --json``); for each ft-enabled job, record the attempt;
 3. for an attempt that ended: decide (``policy.decide``) and act — drain blamed nodes, requeue the
-   job in place (same job id) with the nodes added to ``ExcNodeList``, raise its priority above
-   every waiting job, and clear Slurm's 121 s requeue delay (``StartTime=now`` once the job has left
-   COMPLETING; re-applied each cycle while the job is pending and not yet eligible).
+   job in place (same job id) with every node blamed so far in ``ExcNodeList``, raise its priority
+   above every waiting job, and clear Slurm's 121 s requeue delay (``StartTime=now`` once the job
+   has left COMPLETING; re-applied each cycle while the job is pending and not yet eligible).
 
-Every action is written to the journal as an *intent* before it is taken and marked done after.
+**Crash safety.** Every failover is journaled as an *intent* before the first Slurm action and
+marked done after the last. Each step is idempotent and checked against Slurm's own state, so a
+daemon killed at any point resumes the failover on restart (``reconcile``): drains are repeated
+harmlessly; the requeue is done only while Slurm's restart count still equals the failed attempt
+(so never twice); exclusions and priority are re-applied; a held job is released.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import signal
 import time
 
-from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..drain import LEADER, drain_node
+from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..journal import open_journal
 from ..slurm import Job, Slurm
 from . import jobspec, mailbox, policy
@@ -29,6 +34,8 @@ log = logging.getLogger("slurm_ft.daemon")
 MAX_PRIORITY = 4294967293
 #: Rule ids of prolog health-check verdicts (``health:<check>``).
 HEALTH_RULE = "health:"
+#: Node states in which a node cannot take the job (sinfo --json, lower- or upper-case).
+UNAVAILABLE = ("down", "drain", "fail", "maint", "unknown", "not_responding", "inval", "future")
 
 
 def drain_reason(job_id: int, verdict: dict) -> str:
@@ -41,12 +48,22 @@ def drain_reason(job_id: int, verdict: dict) -> str:
     return f"{LEADER} {verdict.get('rule', 'fault')} (job {job_id})"
 
 
+def signature(verdicts: list[dict]) -> tuple:
+    """What an attempt died of, for fast-fail: the set of (class, rule, Xid codes) of its non-ok
+    verdicts. Two consecutive attempts with the same non-empty signature stop the retries."""
+    return tuple(sorted({(v["verdict"], v["rule"], tuple(sorted({x["xid"] for x in v.get("xids") or []})))
+                         for v in verdicts if v["verdict"] != "ok"}))
+
+
 class Daemon:
     def __init__(self, cfg, slurm: Slurm | None = None):
         self.cfg = cfg
         self.slurm = slurm or Slurm.from_config(cfg)
         self.journal = open_journal(cfg.journal.path)
         self._stop = False
+        self._stable: dict[int, tuple] = {}   # job id -> snapshot of a job needing no attention
+        self._top_priority = 0
+        self._nodes: list = []
 
     # ------------------------------------------------------------------ loop
     def run(self, once: bool = False) -> None:
@@ -66,21 +83,32 @@ class Daemon:
         log.info("slurm-ft daemon stopped")
 
     def cycle(self) -> None:
-        """One pass over mailboxes and jobs."""
-        self.ingest_mailboxes()
+        """One pass: mailboxes, unfinished failovers (after a crash), then every job."""
+        self._nodes = self.slurm.nodes()
+        self.ingest_mailboxes(self._nodes)
         jobs = self.slurm.jobs()
+        by_id = {j.job_id: j for j in jobs}
         self._top_priority = max((j.priority or 0 for j in jobs if j.state in ("PENDING", "RUNNING")), default=0)
+        self.reconcile(by_id)
         for job in jobs:
+            snap = (job.state, tuple(job.flags), job.restart_count, job.nodes, job.priority, job.comment)
+            if self._stable.get(job.job_id) == snap:
+                continue
             try:
-                self.handle(job)
+                if self.handle(job):
+                    self._stable[job.job_id] = snap
+                else:
+                    self._stable.pop(job.job_id, None)
             except SlurmCommandError as exc:
                 log.error("job %s: %s", job.job_id, exc)
+        for gone in set(self._stable) - set(by_id):
+            del self._stable[gone]
 
-    def ingest_mailboxes(self) -> int:
+    def ingest_mailboxes(self, nodes) -> int:
         """Copy new verdict records from node mailbox fields into the journal; returns how many."""
         field = self.cfg.failover.mailbox_field.lower()
         new = 0
-        for node in self.slurm.nodes():
+        for node in nodes:
             for rec in mailbox.parse(getattr(node, field, "")):
                 if self.journal.mailbox_seen(node.name, rec.key):
                     continue
@@ -89,30 +117,52 @@ class Daemon:
                                          "drain_node" if rec.verdict == "hardware" else "none", rec.exit_code,
                                          source="mailbox", created=rec.time)
                 self.journal.mark_mailbox_seen(node.name, rec.key)
+                self._stable.pop(rec.job_id, None)
                 log.info("verdict job %s attempt %s on %s: %s (%s)", rec.job_id, rec.attempt, node.name,
                          rec.verdict, rec.rule)
                 new += 1
         return new
 
+    def reconcile(self, jobs: dict[int, Job]) -> None:
+        """Finish failovers and releases whose intent is journaled but not done (daemon crash)."""
+        for intent in self.journal.pending_intents():
+            if intent["action"] not in ("failover", "release"):
+                # a sub-step (drain, requeue, update, start-now) cut short: its failover re-checks it
+                self.journal.finish(intent["id"], "abandoned", "daemon restarted mid-step; step re-checked")
+                continue
+            job = jobs.get(intent["job_id"])
+            if job is None:
+                self.journal.finish(intent["id"], "failed", "job no longer known to Slurm")
+                continue
+            log.info("job %s: resuming unfinished %s of attempt %s", job.job_id, intent["action"], intent["attempt"])
+            if intent["action"] == "failover":
+                detail = json.loads(intent["detail"] or "{}")
+                decision = policy.Decision("failover", detail.get("reason", ""), tuple(detail.get("blamed", [])),
+                                           tuple(self.journal.verdicts(job.job_id, intent["attempt"])))
+                self._do_failover(job, intent["attempt"], decision, intent["id"])
+            else:
+                self._do_release(job, intent["attempt"], intent["target"].split(","), intent["id"])
+            self._stable.pop(job.job_id, None)
+
     # ------------------------------------------------------------------ per job
-    def handle(self, job: Job) -> None:
-        if job.state == "PENDING" and job.restart_count > 0:
-            health = [v for v in self.journal.verdicts(job.job_id, job.restart_count - 1)
-                      if v["rule"].startswith(HEALTH_RULE)]
-            if health and not any(a["action"] == "release" and a["status"] == "done"
-                                  for a in self.journal.actions(job.job_id, job.restart_count - 1)):
-                self.release_after_prolog_failure(job, health)
-                return
+    def handle(self, job: Job) -> bool:
+        """Look at one job; returns True when it needs no attention until its Slurm record changes."""
+        if job.state == "PENDING" and job.restart_count > 0 and self._prolog_refused(job):
+            return False
         try:
-            opts = jobspec.from_comment(job.comment, self.cfg.failover.retries)
+            opts = jobspec.from_job(job, self.cfg.failover.retries)
         except ConfigError as exc:
             if self.journal.job(job.job_id) is None:
                 log.warning("job %s: bad ft options: %s", job.job_id, exc)
                 self.journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=0,
                                         ft_state=policy.NOT_CONFIGURED)
-            return
+                self.journal.record(job.job_id, job.restart_count, "decide", detail=f"not-configured: {exc}")
+            return True
         if not opts.enabled:
-            return
+            if job.ended and job.state in policy.FAILED_STATES and self.journal.job(job.job_id) is None:
+                self.journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=0,
+                                        ft_state=policy.NOT_CONFIGURED)
+            return True
         row = self.journal.job(job.job_id)
         if row is None:
             self.journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=1, retries=opts.retries,
@@ -124,100 +174,144 @@ class Daemon:
                                         end=job.end_time if job.ended else None, exit_code=job.exit_code,
                                         signal=job.exit_signal, state=job.state)
         state = row["ft_state"]
+        if job.state == "PENDING" and attempt > 0 and not self._decided(job.job_id, attempt - 1):
+            return self._requeued_by_slurm(job, row)
         if job.state == "PENDING" and state in (policy.FAILOVER, policy.REQUEUED):
-            self._clear_requeue_delay(job)
-            return
+            return self._clear_requeue_delay(job)
         if job.state == "RUNNING" and state in (policy.FAILOVER, policy.REQUEUED):
             self.journal.set_ft_state(job.job_id, policy.RUNNING)
-            return
-        if not job.ended or state in policy.FINAL_STATES or self._decided(job.job_id, attempt):
-            return
-        verdicts = self.journal.verdicts(job.job_id, attempt)
-        since_end = time.time() - (job.end_time or time.time())
-        failovers = sum(1 for a in self.journal.actions(job.job_id) if a["action"] == "failover" and a["status"] == "done")
-        decision = policy.decide(slurm_state=job.state, failovers_done=failovers, retries=row["retries"],
-                                 verdicts=verdicts, job_nodes=_split_nodes(job.nodes), seconds_since_end=since_end)
-        if decision.kind == "wait":
-            return
-        if decision.kind == "failover":
-            self.failover(job, decision)
-        else:
-            self.journal.record(job.job_id, attempt, "decide", detail=f"{decision.kind}: {decision.reason}")
-            self.journal.set_ft_state(job.job_id, decision.kind)
-            log.info("job %s attempt %s: %s (%s)", job.job_id, attempt, decision.kind, decision.reason)
-            if decision.kind == policy.MAX_RETRIES:
-                self._drain(job, decision)
+            return True
+        if not job.ended:
+            return True
+        if state in policy.FINAL_STATES or self._decided(job.job_id, attempt):
+            return True
+        return self._decide(job, row, attempt, job.state)
 
-    def release_after_prolog_failure(self, job: Job, verdicts: list[dict]) -> None:
-        """A prolog health check failed the node before the job ran: Slurm requeued the job held
-        (``launch_failed_requeued_held`` on 22.05) with the 121 s delay. Send it elsewhere now:
-        exclude the node, release, restore its priority, ``StartTime=now``. Applies to every job
-        (ft-enabled or not), and does not count against the retry budget: the job never ran."""
+    def _decide(self, job: Job, row: dict, attempt: int, slurm_state: str, requeued: bool = False) -> bool:
+        verdicts = self.journal.verdicts(job.job_id, attempt)
+        since_end = time.time() - (job.end_time or time.time()) if not requeued else 60.0
+        failovers = self._failovers_done(job.job_id)
+        nodes = _split_nodes(job.nodes) or _split_nodes(self._attempt_nodes(job.job_id, attempt))
+        decision = policy.decide(slurm_state=slurm_state, failovers_done=failovers, retries=row["retries"],
+                                 verdicts=verdicts, job_nodes=nodes, seconds_since_end=since_end)
+        if decision.kind == "wait":
+            return False
+        if decision.kind == "failover" and failovers and attempt > 0:
+            previous = self.journal.verdicts(job.job_id, attempt - 1)
+            if signature(previous) and signature(previous) == signature(list(decision.verdicts)):
+                decision = policy.Decision(policy.INTERNAL_ERROR, f"fast-fail: attempts {attempt - 1} and {attempt} "
+                                           f"failed the same way ({decision.reason})", decision.blamed_nodes,
+                                           decision.verdicts)
+        if decision.kind == "failover":
+            detail = json.dumps({"reason": decision.reason, "blamed": list(decision.blamed_nodes)})
+            aid = self.journal.intend(job.job_id, attempt, "failover", ",".join(decision.blamed_nodes), detail)
+            self.journal.set_ft_state(job.job_id, policy.FAILOVER)
+            log.info("job %s attempt %s: failover (%s), blaming %s", job.job_id, attempt, decision.reason,
+                     ",".join(decision.blamed_nodes) or "no node")
+            self._do_failover(job, attempt, decision, aid)
+            return False
+        self.journal.record(job.job_id, attempt, "decide", detail=f"{decision.kind}: {decision.reason}")
+        self.journal.set_ft_state(job.job_id, decision.kind)
+        log.info("job %s attempt %s: %s (%s)", job.job_id, attempt, decision.kind, decision.reason)
+        if decision.kind in (policy.MAX_RETRIES, policy.INTERNAL_ERROR) and decision.blamed_nodes:
+            self._drain(job, attempt, decision)
+        if requeued and decision.kind in (policy.MAX_RETRIES, policy.INTERNAL_ERROR):
+            # Slurm requeued it by itself (NODE_FAIL), but slurm-ft will not retry it: hold it, visibly.
+            self._try_update(job.job_id, AdminComment=f"{LEADER}{decision.kind}")
+            self.slurm.run("scontrol", "hold", str(job.job_id), check=False)
+        return True
+
+    def _requeued_by_slurm(self, job: Job, row: dict) -> bool:
+        """The job is pending again but slurm-ft did not requeue it: Slurm did (NODE_FAIL of a
+        requeueable job) or an admin did. A lost node is a hardware fault of the attempt."""
         attempt = job.restart_count - 1
-        blamed = sorted({v["node"] for v in verdicts})
-        excluded = sorted(set(_split_nodes(job.excluded_nodes)) | set(blamed))
-        aid = self.journal.intend(job.job_id, attempt, "release", ",".join(blamed),
-                                  f"prolog health check failed ({verdicts[0]['rule']}); ExcNodeList={','.join(excluded)}")
-        log.info("job %s: prolog health check failed on %s: releasing elsewhere", job.job_id, ",".join(blamed))
-        self.slurm.update_job(job.job_id, ExcNodeList=",".join(excluded))
-        if job.priority == 0:
-            self.slurm.release(job.job_id)
-        fields = {"StartTime": "now"}
-        if self.cfg.failover.priority_boost:
-            fields["Priority"] = str(min(MAX_PRIORITY, self._top_priority + self.cfg.failover.priority_boost))
-        self.slurm.update_job(job.job_id, **fields)
-        self.journal.finish(aid)
+        nodes = _split_nodes(self._attempt_nodes(job.job_id, attempt))
+        down = {n.name for n in self._nodes if _unavailable(n) and n.name in nodes}
+        if not down and not self.journal.verdicts(job.job_id, attempt):
+            self.journal.record(job.job_id, attempt, "decide", detail="requeued: by Slurm or an admin")
+            return True
+        return self._decide(job, row, attempt, "NODE_FAIL" if down else "FAILED", requeued=True)
+
+    def _failovers_done(self, job_id: int) -> int:
+        return sum(1 for a in self.journal.actions(job_id) if a["action"] == "failover" and a["status"] == "done")
+
+    def _attempt_nodes(self, job_id: int, attempt: int) -> str:
+        return next((a["nodes"] or "" for a in self.journal.attempts(job_id) if a["attempt"] == attempt), "")
 
     def _decided(self, job_id: int, attempt: int) -> bool:
-        return any(a["action"] in ("decide", "failover") and a["status"] == "done"
-                   for a in self.journal.actions(job_id, attempt))
+        return any(a["action"] in ("decide", "failover", "release") for a in self.journal.actions(job_id, attempt))
 
-    def failover(self, job: Job, decision: policy.Decision) -> None:
-        """Drain, requeue in place, exclude, boost, clear the requeue delay — each step journaled."""
-        attempt = job.restart_count
+    # ------------------------------------------------------------------ failover steps
+    def _do_failover(self, job: Job, attempt: int, decision: policy.Decision, aid: int) -> None:
+        """Drain, requeue in place, exclude, boost, clear the requeue delay. Idempotent: safe to
+        run again for the same attempt after a crash at any point."""
         j = self.journal
-        aid = j.intend(job.job_id, attempt, "failover", ",".join(decision.blamed_nodes), decision.reason)
-        j.set_ft_state(job.job_id, policy.FAILOVER)
-        log.info("job %s attempt %s: failover (%s), blaming %s", job.job_id, attempt, decision.reason,
-                 ",".join(decision.blamed_nodes) or "no node")
-        self._drain(job, decision)
-        step = j.intend(job.job_id, attempt, "requeue", str(job.job_id))
-        try:
-            self.slurm.requeue(job.job_id)
-        except SlurmCommandError as exc:
-            j.finish(step, "failed", str(exc))
-            j.finish(aid, "failed", f"requeue refused: {exc}")
-            j.set_ft_state(job.job_id, policy.INTERNAL_ERROR)
-            return
-        j.finish(step)
-        excluded = sorted(set(_split_nodes(job.excluded_nodes)) | set(self._blamed_so_far(job.job_id)) |
+        self._drain(job, attempt, decision)
+        fresh = self.slurm.job(job.job_id) or job
+        if fresh.restart_count == attempt and fresh.state != "PENDING":
+            step = j.intend(job.job_id, attempt, "requeue", str(job.job_id))
+            try:
+                self.slurm.requeue(job.job_id)
+            except SlurmCommandError as exc:
+                j.finish(step, "failed", str(exc))
+                j.finish(aid, "failed", f"requeue refused: {exc}")
+                j.set_ft_state(job.job_id, policy.INTERNAL_ERROR)
+                log.error("job %s: requeue refused: %s", job.job_id, exc)
+                return
+            j.finish(step)
+        excluded = sorted(set(_split_nodes(fresh.excluded_nodes)) | set(self._blamed_so_far(job.job_id)) |
                           set(decision.blamed_nodes))
         fields = {"AdminComment": f"{LEADER}{policy.FAILOVER}"}
-        if excluded:
-            fields["ExcNodeList"] = ",".join(excluded)
-        if self.cfg.failover.priority_boost:
-            fields["Priority"] = str(min(MAX_PRIORITY, max(self._top_priority, job.priority or 0)
-                                         + self.cfg.failover.priority_boost))
+        usable = self._usable_nodes(fresh, excluded)
+        needed = _node_count(fresh)
+        if usable < needed:
+            reason = (f"{LEADER} held: excluding {','.join(excluded)} leaves {usable} usable node(s), "
+                      f"job needs {needed}")
+            fields = {"AdminComment": reason}
+            self.slurm.run("scontrol", "hold", str(job.job_id), check=False)
+            j.record(job.job_id, attempt, "hold", str(job.job_id), reason)
+            j.set_ft_state(job.job_id, policy.HELD)
+            log.warning("job %s: %s", job.job_id, reason)
+        else:
+            if fresh.state == "PENDING" and fresh.priority == 0:
+                # Slurm requeued it held (e.g. launch_failed_requeued_held after a prolog failure)
+                self.slurm.run("scontrol", "release", str(job.job_id), check=False)
+            if excluded:
+                fields["ExcNodeList"] = ",".join(excluded)
+            if self.cfg.failover.priority_boost:
+                fields["Priority"] = str(min(MAX_PRIORITY, max(self._top_priority, fresh.priority or 0)
+                                             + self.cfg.failover.priority_boost))
         step = j.intend(job.job_id, attempt, "update", str(job.job_id),
                         " ".join(f"{k}={v}" for k, v in fields.items()))
-        self.slurm.update_job(job.job_id, **fields)
-        j.finish(step)
+        try:
+            self.slurm.update_job(job.job_id, **fields)
+            j.finish(step)
+        except SlurmCommandError as exc:
+            j.finish(step, "failed", str(exc))
         j.upsert_job(job.job_id, excluded_nodes=",".join(excluded))
-        fresh = self.slurm.job(job.job_id)
-        if fresh is not None:
-            self._clear_requeue_delay(fresh)
         j.finish(aid)
+        fresh = self.slurm.job(job.job_id)
+        if fresh is not None and j.job(job.job_id)["ft_state"] == policy.FAILOVER:
+            self._clear_requeue_delay(fresh)
 
     def _blamed_so_far(self, job_id: int) -> list[str]:
         return [a["target"] for a in self.journal.actions(job_id) if a["action"] == "drain" and a["target"]]
 
-    def _drain(self, job: Job, decision: policy.Decision) -> None:
+    def _usable_nodes(self, job: Job, excluded: list[str]) -> int:
+        """Nodes of the job's partition that are not excluded (drained or down nodes count: an
+        admin may bring them back; an excluded one is never used by this job again)."""
+        part = job.raw.get("partition", "")
+        return sum(1 for n in self._nodes
+                   if not (part and n.raw.get("partitions") and part not in n.raw["partitions"])
+                   and n.name not in excluded)
+
+    def _drain(self, job: Job, attempt: int, decision: policy.Decision) -> None:
         if not self.cfg.failover.drain:
             return
         for node in decision.blamed_nodes:
             verdict = next((v for v in decision.verdicts if v["node"] == node), {})
             reason = drain_reason(job.job_id, verdict)
-            step = self.journal.intend(job.job_id, job.restart_count, "drain", node, reason)
+            step = self.journal.intend(job.job_id, attempt, "drain", node, reason)
             try:
                 outcome = drain_node(self.slurm, node, reason)
                 self.journal.finish(step, "done" if outcome == "drained" else "skipped",
@@ -225,21 +319,72 @@ class Daemon:
             except SlurmCommandError as exc:
                 self.journal.finish(step, "failed", str(exc))
 
-    def _clear_requeue_delay(self, job: Job) -> None:
+    def _clear_requeue_delay(self, job: Job) -> bool:
         """``StartTime=now`` while a failed-over job waits on Slurm's requeue delay (it only sticks
-        once the job has left COMPLETING, so this runs every cycle until the job is eligible)."""
+        once the job has left COMPLETING, so this runs every cycle until the job is eligible).
+        Returns True once nothing is left to do."""
         if job.completing:
-            return
+            return False
         eligible = job.raw.get("eligible_time")
         eligible = eligible.get("number") if isinstance(eligible, dict) else eligible
         if eligible and eligible <= time.time() + 1:
             if self.journal.job(job.job_id)["ft_state"] == policy.FAILOVER:
                 self.journal.set_ft_state(job.job_id, policy.REQUEUED)
-                self.slurm.update_job(job.job_id, AdminComment=f"{LEADER}{policy.REQUEUED}")
-            return
+                self._try_update(job.job_id, AdminComment=f"{LEADER}{policy.REQUEUED}")
+            return True
         step = self.journal.intend(job.job_id, job.restart_count, "start-now", str(job.job_id))
         self.slurm.update_job(job.job_id, StartTime="now")
         self.journal.finish(step)
+        return False
+
+    def _try_update(self, job_id: int, **fields: str) -> None:
+        try:
+            self.slurm.update_job(job_id, **fields)
+        except SlurmCommandError as exc:
+            log.debug("job %s: update %s refused: %s", job_id, fields, exc)
+
+    # ------------------------------------------------------------------ prolog refusals
+    def _prolog_refused(self, job: Job) -> bool:
+        """True (and handled) if the job is pending because a prolog health check refused a node."""
+        attempt = job.restart_count - 1
+        health = [v for v in self.journal.verdicts(job.job_id, attempt) if v["rule"].startswith(HEALTH_RULE)]
+        if not health or any(a["action"] == "release" for a in self.journal.actions(job.job_id, attempt)):
+            return False
+        blamed = sorted({v["node"] for v in health})
+        aid = self.journal.intend(job.job_id, attempt, "release", ",".join(blamed),
+                                  f"prolog health check failed ({health[0]['rule']})")
+        log.info("job %s: prolog health check failed on %s: releasing elsewhere", job.job_id, ",".join(blamed))
+        self._do_release(job, attempt, blamed, aid)
+        return True
+
+    def _do_release(self, job: Job, attempt: int, blamed: list[str], aid: int) -> None:
+        """A prolog health check failed the node before the job ran: Slurm requeued the job held
+        (``launch_failed_requeued_held`` on 22.05) with the 121 s delay. Send it elsewhere now:
+        exclude the node, release, restore its priority, ``StartTime=now``. Applies to every job
+        (ft-enabled or not), and does not count against the retry budget: the job never ran."""
+        excluded = sorted(set(_split_nodes(job.excluded_nodes)) | set(blamed))
+        self.slurm.update_job(job.job_id, ExcNodeList=",".join(excluded))
+        if job.priority == 0:
+            self.slurm.release(job.job_id)
+        fields = {"StartTime": "now"}
+        if self.cfg.failover.priority_boost:
+            fields["Priority"] = str(min(MAX_PRIORITY, self._top_priority + self.cfg.failover.priority_boost))
+        self.slurm.update_job(job.job_id, **fields)
+        self.journal.finish(aid, detail=f"released, ExcNodeList={','.join(excluded)}")
+
+
+def _unavailable(node) -> bool:
+    states = [node.state.lower(), *(f.lower() for f in node.flags)]
+    return any(s.startswith(u) for s in states for u in UNAVAILABLE)
+
+
+def _node_count(job: Job) -> int:
+    for key in ("node_count", "num_nodes"):
+        v = job.raw.get(key)
+        v = v.get("number") if isinstance(v, dict) else v
+        if isinstance(v, int) and v > 0:
+            return v
+    return max(1, len(_split_nodes(job.nodes)))
 
 
 def _split_nodes(expr: str) -> list[str]:

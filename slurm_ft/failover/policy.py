@@ -19,7 +19,9 @@ MAX_RETRIES = "max-retries-exceeded"
 COMPLETED = "completed"
 CANCELLED = "cancelled"
 NOT_CONFIGURED = "not-configured"
-FINAL_STATES = {INTERNAL_ERROR, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURED}
+#: Failover stopped because excluding the blamed nodes leaves too few for the job (admin decides).
+HELD = "held"
+FINAL_STATES = {INTERNAL_ERROR, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURED, HELD}
 
 #: Slurm job states after which a job is looked at for failover.
 FAILED_STATES = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

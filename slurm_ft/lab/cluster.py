@@ -22,6 +22,7 @@ from pathlib import Path
 from ..errors import LabError
 from ..slurm import SAFE_PATH
 from . import layout as L
+from . import spank as lab_spank
 from .layout import Layout
 
 SBIN = "/usr/sbin"
@@ -96,7 +97,7 @@ def _port_owner(port: int) -> str:
 
 
 # --------------------------------------------------------------------------------- config files
-def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path) -> str:
+def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path, extra: list[str] | tuple = ()) -> str:
     host = socket.gethostname().split(".")[0]
     d = lay.dir
     lines = [
@@ -120,6 +121,7 @@ def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path) -> str:
         "GresTypes=gpu",
         f"Prolog={repo}/prolog/slurm-ft-prolog", f"Epilog={repo}/epilog/slurm-ft-epilog",
         "PrologFlags=Alloc", "PrologEpilogTimeout=60",
+        *extra,  # SPANK plugin, cli_filter, job_submit (lab/spank.py)
     ]
     for i, n in enumerate(nodes, start=1):
         lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={lay.slurmd_port(n)} "
@@ -238,7 +240,7 @@ class Lab:
             return self.status()
         if procs:
             self.down(log=lambda *_: None)
-        self._fresh_files(want)
+        self._fresh_files(want, log)
         started: list[Proc] = []
         state = {"repo": str(self.repo), "nodes": want, "daemon": daemon, "procs": [], "started_at": time.time(),
                  "port_base": self.lay.port_base}
@@ -259,8 +261,7 @@ class Lab:
             self._record(state, started)
             self._wait(lambda: self._healthy(want), 30, "slurmd", self.lay.log(f"slurmd-{want[0]}"))
             if daemon:
-                started.append(_spawn("slurm-ft-daemon", [sys.executable, "-m", "slurm_ft.cli", "daemon"],
-                                      self.lay.log("daemon"), {**self.env(), "PYTHONUNBUFFERED": "1"}))
+                started.append(self._spawn_daemon())
                 self._record(state, started)
         except Exception:
             self.down(log=lambda *_: None)
@@ -268,11 +269,38 @@ class Lab:
         log(f"lab up in {self.lay.dir}: {', '.join(want)} (export SLURM_CONF={self.lay.slurm_conf})")
         return self.status()
 
+    def _spawn_daemon(self) -> Proc:
+        return _spawn("slurm-ft-daemon", [sys.executable, "-m", "slurm_ft.cli", "daemon"],
+                      self.lay.log("daemon"), {**self.env(), "PYTHONUNBUFFERED": "1"})
+
+    def daemon_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the lab's requeue daemon (SIGTERM, or e.g. SIGKILL to test crash safety)."""
+        state = self._read_state()
+        for p in state.get("procs", []):
+            if p["name"] == "slurm-ft-daemon" and _alive(p):
+                if sig == signal.SIGTERM:
+                    self._stop(p)
+                else:
+                    os.kill(p["pid"], sig)
+                    while _alive(p):
+                        _reap(p["pid"])
+                        time.sleep(0.01)
+        state["procs"] = [p for p in state.get("procs", []) if p["name"] != "slurm-ft-daemon"]
+        self._write_state(state)
+
+    def daemon_start(self) -> None:
+        """(Re)start the lab's requeue daemon with the current code."""
+        self.daemon_stop()
+        state = self._read_state()
+        state["procs"] = state.get("procs", []) + [self._spawn_daemon().as_dict()]
+        state["daemon"] = True
+        self._write_state(state)
+
     def _record(self, state: dict, started: list[Proc]) -> None:
         state["procs"] = [p.as_dict() for p in started]
         self._write_state(state)
 
-    def _fresh_files(self, nodes: list[str]) -> None:
+    def _fresh_files(self, nodes: list[str], log=print) -> None:
         """A new cluster incarnation: fresh Slurm state; old journals archived, never deleted."""
         from ..nvml import fake as fake_nvml
 
@@ -296,7 +324,9 @@ class Lab:
             for g in range(L.GPUS_PER_NODE):
                 os.mknod(dev / f"nvidia{g}", 0o666 | 0o020000, os.makedev(1, 3))
             fake_nvml.write_inventory(str(self.lay.inventory(n)), n, L.inventory_gpus(n))
-        self.lay.slurm_conf.write_text(render_slurm_conf(self.lay, nodes, self.repo))
+        so = lab_spank.write_files(self.lay.dir, self.repo, log=log)
+        self.lay.slurm_conf.write_text(render_slurm_conf(self.lay, nodes, self.repo,
+                                                         lab_spank.slurm_conf_lines(self.lay.dir, so)))
         self.lay.gres_conf.write_text(render_gres_conf(self.lay, nodes))
         self.lay.ft_conf.write_text(render_ft_conf(self.lay))
 

@@ -46,6 +46,21 @@ def submit_training(lab: Lab, *, steps: int = 60, step_time: float = 0.25, extra
     return Submitted(job_id, jobs / f"{job_id}.out", ckpt)
 
 
+def wait_started(slurm: Slurm, sub: Submitted, attempt: int = 0, timeout_s: float = 60):
+    """Wait until attempt ``attempt`` of the job runs its own code (past the prolog: the job has
+    printed its ``attempt N`` line); returns the Job."""
+    def started():
+        job = slurm.job(sub.job_id)
+        if job is None or job.state != "RUNNING" or job.restart_count != attempt:
+            return None
+        try:
+            text = sub.out.read_text(errors="replace")
+        except OSError:
+            return None
+        return job if f"attempt {attempt} on" in text else None
+    return wait_for(started, timeout_s, f"job {sub.job_id} attempt {attempt} to start")
+
+
 def job_gpu_index(slurm: Slurm, job_id: int) -> int:
     """The GPU index the job holds on its node (``scontrol show job -d``: ``GRES=gpu:1(IDX:0)``)."""
     info = slurm.run("scontrol", "show", "job", "-d", str(job_id)).stdout
@@ -94,9 +109,7 @@ def run_demo(lab_dir: str, log=print) -> bool:
     reset_nodes(lab, slurm)
     job = submit_training(lab)
     log(f"submitted job {job.job_id} (output {job.out})")
-    first = slurm.wait_job(job.job_id, lambda j: j.state == "RUNNING", 60)
-    if first is None:
-        raise LabError(f"job {job.job_id} did not start")
+    first = wait_started(slurm, job)
     gpu = job_gpu_index(slurm, job.job_id)
     log(f"job {job.job_id} running on {first.nodes} GPU {gpu}; waiting for a checkpoint")
     wait_for(lambda: ckpt_step(job.ckpt) >= 10, 60, "checkpoint at step 10")

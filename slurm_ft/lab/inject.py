@@ -47,6 +47,8 @@ def job_processes(node: str, gpu: int | None) -> list[tuple[int, str]]:
             continue
         if env.get(b"SLURMD_NODENAME", b"").decode() != node or b"SLURM_JOB_ID" not in env:
             continue
+        if b"SLURM_SCRIPT_CONTEXT" in env:  # slurmd's own prolog/epilog, not the job's work
+            continue
         gpus = (env.get(b"SLURM_STEP_GPUS") or env.get(b"SLURM_JOB_GPUS") or b"").decode()
         held = {int(g) for g in gpus.split(",") if g.isdigit()}
         if gpu is None or gpu in held:

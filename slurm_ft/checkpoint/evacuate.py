@@ -1,0 +1,235 @@
+"""Controller side of checkpoint-before-exit: signal every task of a job, wait for its ack, requeue.
+
+Used by ``slurm-ft drain NODE --checkpoint`` (root, controller host) and meant for any slurm-ft path
+that is about to end a running job (a health check or Xid that leaves the job alive):
+:func:`evacuate_node` / :func:`checkpoint_and_requeue`.
+
+1. **notify**: the job's checkpoint signal (``--ft-ckpt-signal``) to every task of every step on
+   every node (``scancel --signal=SIG J``); a job with no step but its batch script gets it in the
+   batch shell (``--batch``; the script should ``exec`` the trainer). Journal: ``ckpt-notify``.
+2. **wait** (bounded by ``--ft-ckpt-wait``): poll the job's comment for an ack of this attempt
+   newer than the notify (channel.py); ``saved``/``failed`` end the wait, so does the job ending.
+   Journal: ``ckpt-ack`` (done: saved; failed: failed) or ``ckpt-timeout``.
+3. **requeue** within the retry budget: ``scontrol requeue``, ``ExcNodeList`` += the node, priority
+   above every waiting job, ``StartTime=now`` once out of COMPLETING (the daemon does the same each
+   cycle for a job in ``failover-in-progress``). Out of budget: the job is left to end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..drain import LEADER, drain_node
+from ..errors import ConfigError, SlurmCommandError
+from ..failover import jobspec, policy
+from ..slurm import Job, Slurm
+from . import channel
+
+MAX_PRIORITY = 4294967293
+#: An ack may carry a time a little before the notify (clocks of nodes and controller differ).
+CLOCK_SKEW_S = 5.0
+
+
+@dataclass
+class Outcome:
+    job_id: int
+    attempt: int
+    result: str                      # saved | failed | timeout | ended | skipped
+    step: int | None = None
+    path: str | None = None
+    waited_s: float = 0.0
+    requeued: bool = False
+    detail: str = ""
+    opts: jobspec.FtOptions | None = field(default=None, repr=False)
+
+
+def split_nodes(expr: str) -> list[str]:
+    from ..failover.daemon import _split_nodes
+    return _split_nodes(expr)
+
+
+def user_steps(slurm: Slurm, job_id: int) -> list[str]:
+    """Step ids of the job other than batch/extern (``squeue -s``)."""
+    out = slurm.run("squeue", "-h", "-s", f"--jobs={job_id}", "-o", "%i", check=False).stdout
+    return [s for s in out.split() if "." in s and s.split(".", 1)[1] not in ("batch", "extern")]
+
+
+def notify(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, why: str) -> float:
+    """Send the checkpoint signal to every task; journal it; returns the notify time."""
+    steps = user_steps(slurm, job.job_id)
+    how = ["--batch"] if not steps else []
+    target = "every task of steps " + ",".join(steps) if steps else "the batch shell"
+    t = time.time()
+    step = journal.intend(job.job_id, job.restart_count, "ckpt-notify", job.nodes,
+                          f"SIG{opts.ckpt_signal} to {target}; wait {opts.ckpt_wait_s} s; {why}")
+    try:
+        slurm.run("scancel", f"--signal={opts.ckpt_signal}", *how, str(job.job_id))
+    except SlurmCommandError as exc:
+        journal.finish(step, "failed", str(exc))
+        raise
+    journal.finish(step)
+    return t
+
+
+def wait_acks(slurm: Slurm, journal, pending: dict[int, tuple[Job, jobspec.FtOptions, float, float]],
+              poll_s: float = 0.5, now=time.time, sleep=time.sleep) -> dict[int, Outcome]:
+    """Wait for every job in ``pending`` (job id -> (job, opts, notify time, deadline))."""
+    done: dict[int, Outcome] = {}
+    while pending:
+        jobs = {j.job_id: j for j in slurm.jobs()}
+        t = now()
+        for job_id, (job, opts, t0, deadline) in list(pending.items()):
+            cur = jobs.get(job_id)
+            ack = channel.find(cur.comment) if cur is not None else None
+            fresh = ack is not None and ack.attempt == job.restart_count and ack.time >= t0 - CLOCK_SKEW_S
+            out = None
+            if fresh and ack.state in ("saved", "failed"):
+                out = Outcome(job_id, job.restart_count, ack.state, ack.step, ack.path, t - t0)
+                journal.record(job_id, job.restart_count, "ckpt-ack", job.nodes,
+                               _ack_detail(ack), status="done" if ack.state == "saved" else "failed")
+            elif cur is None or cur.ended or cur.restart_count != job.restart_count or cur.state == "PENDING":
+                out = Outcome(job_id, job.restart_count, "ended", waited_s=t - t0,
+                              detail=f"job left RUNNING ({cur.state if cur else 'gone'}) during the wait")
+                journal.record(job_id, job.restart_count, "ckpt-timeout", job.nodes, out.detail, status="failed")
+            elif t >= deadline:
+                last = f"; last report: {ack.state} step {ack.step}" if fresh else ""
+                out = Outcome(job_id, job.restart_count, "timeout", waited_s=t - t0,
+                              detail=f"no saved/failed ack within {opts.ckpt_wait_s} s{last}")
+                journal.record(job_id, job.restart_count, "ckpt-timeout", job.nodes, out.detail, status="failed")
+            if out is not None:
+                out.opts = opts
+                done[job_id] = out
+                del pending[job_id]
+        if pending:
+            sleep(poll_s)
+    return done
+
+
+def _ack_detail(ack: channel.Ack) -> str:
+    parts = [ack.state]
+    if ack.step is not None:
+        parts.append(f"step={ack.step}")
+    if ack.path:
+        parts.append(f"path={ack.path}")
+    return " ".join(parts)
+
+
+def failovers_done(journal, job_id: int) -> int:
+    """Failovers already spent from the job's budget (the daemon counts the same journal rows)."""
+    return sum(1 for a in journal.actions(job_id) if a["action"] == "failover" and a["status"] == "done")
+
+
+def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: list[str], *, why: str,
+            priority_boost: int = 1000, settle_s: float = 15.0) -> bool:
+    """Requeue in place, excluding ``exclude``; False (journaled) when the budget is used up.
+
+    Journaled so the concurrently running daemon cooperates: a ``decide`` row (``failover: ...``)
+    before the requeue tells it slurm-ft, not Slurm after a node failure, requeued this attempt; a
+    ``failover`` row (done) after it counts against the retry budget as the daemon's own failovers
+    do. (A pending ``failover`` *intent* would be taken over by the daemon's crash recovery while
+    this is still running, hence not used.) While the job is pending in ``failover-in-progress``
+    the daemon also clears the requeue delay each cycle.
+    """
+    attempt = job.restart_count
+    if failovers_done(journal, job.job_id) >= opts.retries:
+        journal.record(job.job_id, attempt, "requeue", str(job.job_id),
+                       f"not requeued: retry budget {opts.retries} used up; the job runs on", status="skipped")
+        return False
+    everyone = slurm.jobs()
+    top = max((j.priority or 0 for j in everyone if j.state in ("PENDING", "RUNNING")), default=0)
+    excluded = sorted(set(split_nodes(job.excluded_nodes)) | set(exclude))
+    journal.upsert_attempt(job.job_id, attempt, nodes=job.nodes or None, start=job.start_time, end=time.time(),
+                           state="REQUEUED")
+    journal.record(job.job_id, attempt, "decide", ",".join(exclude), f"failover: checkpoint-before-exit ({why})")
+    journal.set_ft_state(job.job_id, policy.FAILOVER)
+    step = journal.intend(job.job_id, attempt, "requeue", str(job.job_id), "checkpoint-before-exit")
+    try:
+        slurm.requeue(job.job_id)
+    except SlurmCommandError as exc:
+        journal.finish(step, "failed", str(exc))
+        journal.set_ft_state(job.job_id, policy.RUNNING)
+        return False
+    journal.finish(step)
+    fields = {"ExcNodeList": ",".join(excluded), "AdminComment": f"{LEADER}{policy.FAILOVER}"}
+    if priority_boost:
+        fields["Priority"] = str(min(MAX_PRIORITY, max(top, job.priority or 0) + priority_boost))
+    step = journal.intend(job.job_id, attempt, "update", str(job.job_id),
+                          " ".join(f"{k}={v}" for k, v in fields.items()))
+    slurm.update_job(job.job_id, **fields)
+    journal.finish(step)
+    journal.upsert_job(job.job_id, excluded_nodes=",".join(excluded))
+    left = slurm.wait_job(job.job_id, lambda j: not j.completing, settle_s, 0.1)
+    if left is not None and left.state == "PENDING":
+        step = journal.intend(job.job_id, attempt, "start-now", str(job.job_id))
+        slurm.update_job(job.job_id, StartTime="now")
+        journal.finish(step)
+    journal.record(job.job_id, attempt, "failover", ",".join(exclude), f"checkpoint-before-exit: {why}")
+    return True
+
+
+def ensure_journal_job(journal, job: Job, opts: jobspec.FtOptions) -> None:
+    if journal.job(job.job_id) is None:
+        journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=1, retries=opts.retries,
+                           ft_state=policy.RUNNING, excluded_nodes="")
+    journal.upsert_attempt(job.job_id, job.restart_count, nodes=job.nodes or None, start=job.start_time,
+                           state=job.state)
+
+
+def checkpoint_and_requeue(slurm: Slurm, journal, jobs: list[Job], *, exclude: list[str], why: str,
+                           default_retries: int, wait_s: float | None = None, requeue_jobs: bool = True,
+                           priority_boost: int = 1000, poll_s: float = 0.5, log=lambda *_: None) -> list[Outcome]:
+    """Checkpoint-before-exit for running jobs: notify all, wait for all (in parallel), requeue."""
+    pending: dict[int, tuple] = {}
+    outcomes: list[Outcome] = []
+    for job in jobs:
+        try:
+            opts = jobspec.from_job(job, default_retries)
+        except ConfigError as exc:
+            outcomes.append(Outcome(job.job_id, job.restart_count, "skipped", detail=f"bad ft options: {exc}"))
+            continue
+        if not opts.enabled or job.state != "RUNNING":
+            outcomes.append(Outcome(job.job_id, job.restart_count, "skipped",
+                                    detail="not ft-enabled" if not opts.enabled else f"state {job.state}"))
+            continue
+        ensure_journal_job(journal, job, opts)
+        t0 = notify(slurm, journal, job, opts, why)
+        limit = opts.ckpt_wait_s if wait_s is None else min(wait_s, opts.ckpt_wait_s)
+        pending[job.job_id] = (job, opts, t0, t0 + limit)
+        log(f"job {job.job_id}: SIG{opts.ckpt_signal} sent, waiting up to {limit:g} s for its checkpoint")
+    done = wait_acks(slurm, journal, pending, poll_s=poll_s)
+    for job in jobs:
+        out = done.get(job.job_id)
+        if out is None:
+            continue
+        log(f"job {job.job_id}: checkpoint {out.result} after {out.waited_s:.1f} s"
+            + (f" (step {out.step}, {out.path})" if out.step is not None or out.path else ""))
+        if requeue_jobs and out.result != "ended":
+            fresh = slurm.job(job.job_id)
+            if fresh is not None and fresh.state == "RUNNING" and fresh.restart_count == job.restart_count:
+                out.requeued = requeue(slurm, journal, fresh, out.opts, exclude, why=why,
+                                       priority_boost=priority_boost)
+                log(f"job {job.job_id}: " + ("requeued excluding " + ",".join(exclude) if out.requeued
+                                             else "not requeued (retry budget used up)"))
+        outcomes.append(out)
+    return outcomes
+
+
+def drain(slurm: Slurm, node: str, reason: str) -> str:
+    """Drain ``node`` (slurm_ft.drain: a reason an admin set is kept); a line for the admin."""
+    if not reason.startswith(LEADER):
+        reason = f"{LEADER} {reason}"
+    done = drain_node(slurm, node, reason)
+    return f"drained ({reason})" if done == "drained" else "already drained by an admin: reason kept"
+
+
+def evacuate_node(slurm: Slurm, journal, node: str, *, default_retries: int, reason: str | None = None,
+                  wait_s: float | None = None, priority_boost: int = 1000, log=lambda *_: None) -> list[Outcome]:
+    """``slurm-ft drain NODE --checkpoint``: drain, then checkpoint-before-exit and requeue the
+    ft-enabled jobs running on ``node`` (excluding it). Other jobs keep running until they end."""
+    reason = reason or f"{LEADER} drain --checkpoint by admin"
+    log(f"{node}: {drain(slurm, node, reason)}")
+    jobs = [j for j in slurm.jobs() if j.state == "RUNNING" and node in split_nodes(j.nodes)]
+    return checkpoint_and_requeue(slurm, journal, jobs, exclude=[node], why=f"node {node} drained by admin",
+                                  default_retries=default_retries, wait_s=wait_s, priority_boost=priority_boost,
+                                  log=log)
