@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 LEADER = "slurm-ft:"
+#: Reasons slurmctld/slurmd set by themselves (not an admin's words): slurm-ft may replace them
+#: with its own, more precise reason. From Slurm's source (node_mgr.c, job_mgr.c, req.c).
+SLURM_REASONS = ("Not responding", "Prolog error", "Epilog error", "Kill task failed", "Node unexpectedly rebooted",
+                 "batch job complete failure", "Prolog failed", "Epilog failed", "Job credential expired")
 
 
 def drain_node(slurm, node: str, reason: str) -> str:
@@ -17,7 +21,8 @@ def drain_node(slurm, node: str, reason: str) -> str:
     current = slurm.show_node(node)
     cur_reason = current.get("Reason", "")
     state = current.get("State", "")
-    if cur_reason and not cur_reason.startswith(LEADER) and any(s in state for s in ("DRAIN", "DOWN", "FAIL")):
+    ours = cur_reason.startswith(LEADER) or cur_reason.startswith(SLURM_REASONS)
+    if cur_reason and not ours and any(s in state for s in ("DRAIN", "DOWN", "FAIL")):
         return "kept-admin-reason"
     slurm.drain(node, reason)
     return "drained"

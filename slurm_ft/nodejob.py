@@ -88,7 +88,9 @@ class NodeJob:
 
 # ----------------------------------------------------------------------------- start marker
 def _marker_path(state_dir: str, job: NodeJob) -> str:
-    return os.path.join(state_dir, f"{job.job_id}.{job.attempt}.{job.node}.json")
+    # Keyed by job and node, not attempt: when a prolog fails, Slurm has already bumped the
+    # restart count by the time the epilog runs, and the epilog must still find this start.
+    return os.path.join(state_dir, f"{job.job_id}.{job.node}.json")
 
 
 def write_start_marker(state_dir: str, job: NodeJob) -> None:

@@ -196,6 +196,11 @@ class Daemon:
                                  verdicts=verdicts, job_nodes=nodes, seconds_since_end=since_end)
         if decision.kind == "wait":
             return False
+        for v in decision.verdicts:
+            if v["rule"] == "slurm-node-fail":  # no epilog ran on a lost node: Slurm's word is the verdict
+                self.journal.add_verdict(job.job_id, attempt, v["node"], "hardware", v["rule"], [],
+                                         [f"Slurm: node {v['node']} not responding (job state {slurm_state})"],
+                                         "drain_node", source="daemon")
         if decision.kind == "failover" and failovers and attempt > 0:
             previous = self.journal.verdicts(job.job_id, attempt - 1)
             if signature(previous) and signature(previous) == signature(list(decision.verdicts)):

@@ -296,6 +296,27 @@ class Lab:
         state["daemon"] = True
         self._write_state(state)
 
+    def slurmd_kill(self, node: str) -> None:
+        """SIGKILL node ``node``'s slurmd (its slurmstepd and job tasks survive, as on a real node
+        whose slurmd dies or whose network drops): Slurm marks it DOWN after SlurmdTimeout."""
+        state = self._read_state()
+        for p in state.get("procs", []):
+            if p["name"] == f"slurmd-{node}" and _alive(p):
+                os.kill(p["pid"], signal.SIGKILL)
+                while _alive(p):
+                    _reap(p["pid"])
+                    time.sleep(0.01)
+
+    def slurmd_start(self, node: str) -> None:
+        """Start node ``node``'s slurmd again (after :meth:`slurmd_kill`)."""
+        state = self._read_state()
+        procs = [p for p in state.get("procs", []) if p["name"] != f"slurmd-{node}" or _alive(p)]
+        if not any(p["name"] == f"slurmd-{node}" for p in procs):
+            procs.append(_spawn(f"slurmd-{node}", [f"{SBIN}/slurmd", "-D", "-f", str(self.lay.slurm_conf), "-N", node],
+                                self.lay.log(f"slurmd-{node}.stdout"), self._slurm_env()).as_dict())
+        state["procs"] = procs
+        self._write_state(state)
+
     def _record(self, state: dict, started: list[Proc]) -> None:
         state["procs"] = [p.as_dict() for p in started]
         self._write_state(state)

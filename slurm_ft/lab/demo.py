@@ -96,10 +96,14 @@ def reset_nodes(lab: Lab, slurm: Slurm) -> None:
     if live:
         slurm.run("scancel", *live)
         wait_for(lambda: not any(not j.ended for j in slurm.jobs()), 30, "leftover jobs to end")
+    for name in lab.nodes():
+        lab.slurmd_start(name)  # no-op unless a test killed it
     for node in slurm.nodes():
-        if node.drained:
-            slurm.resume(node.name)
+        if node.drained or node.state.lower().startswith("down"):
+            slurm.run("scontrol", "update", f"NodeName={node.name}", "State=RESUME", check=False)
         fake.write_inventory(str(lab.lay.inventory(node.name)), node.name, L.inventory_gpus(node.name))
+    wait_for(lambda: all(n.state.lower() in ("idle", "mixed", "allocated") and not n.drained for n in slurm.nodes()),
+             60, "every lab node idle")
 
 
 def run_demo(lab_dir: str, log=print) -> bool:

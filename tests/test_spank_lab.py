@@ -1,0 +1,174 @@
+"""End-to-end: the SPANK --ft options and checkpoint-before-exit on the real lab (issue 6).
+
+Runs against the lab of ``SLURM_FT_LAB_DIR`` (default /var/tmp/slurm-ft-lab), whose slurm.conf
+enables the plugin, cli_filter.lua and job_submit.lua (slurm_ft/lab/spank.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_ft import config as config_mod
+from slurm_ft.checkpoint import channel
+from slurm_ft.checkpoint.evacuate import evacuate_node
+from slurm_ft.history import history
+from slurm_ft.journal import open_journal
+from slurm_ft.lab.demo import wait_for
+from slurm_ft.lab.spank import plugin_path
+
+pytestmark = pytest.mark.lab
+
+# A rank: counts steps from the saved step; on the checkpoint signal writes its marker; rank 0
+# waits for every rank's marker (the job's own barrier), records the step and acks through Slurm.
+# After saving it keeps running: slurm-ft ends (requeues) the job.
+RANK_SH = r"""#!/bin/bash
+dir=$1; py=$2; mode=$3
+attempt=${SLURM_RESTART_COUNT:-0}
+step=0
+if [ -f "$dir/saved-step" ]; then step=$(cat "$dir/saved-step"); echo "rank $SLURM_PROCID resuming from step $step"; fi
+saved=0
+on_ckpt() {
+  echo "$step" > "$dir/rank$SLURM_PROCID.a$attempt.saved"
+  if [ "$SLURM_PROCID" = 0 ]; then
+    "$py" -m slurm_ft.checkpoint report saving --step "$step"
+    for i in $(seq 1 100); do [ $(ls "$dir"/rank*.a$attempt.saved | wc -l) -ge "$SLURM_NTASKS" ] && break; sleep 0.1; done
+    echo "$step" > "$dir/saved-step"
+    "$py" -m slurm_ft.checkpoint report saved --step "$step" --path "$dir"
+  fi
+  saved=1
+}
+if [ "$mode" = ignore ]; then trap '' "$SLURM_FT_CKPT_SIGNAL"; else trap on_ckpt "$SLURM_FT_CKPT_SIGNAL"; fi
+echo "rank $SLURM_PROCID on $SLURMD_NODENAME attempt $attempt signal $SLURM_FT_CKPT_SIGNAL retries $SLURM_FT_RETRIES"
+while true; do
+  [ $saved = 0 ] && step=$((step+1))
+  sleep 0.1
+done
+"""
+
+
+@pytest.fixture
+def spank_lab(lab):
+    if not plugin_path().exists():
+        pytest.skip("spank/slurm_ft_spank.so not built (make -C spank)")
+    conf = lab.lay.slurm_conf.read_text()
+    if "PlugStackConfig=" not in conf:
+        pytest.skip("the running lab predates the SPANK wiring: restart it (slurm-ft lab down; lab up)")
+    return lab
+
+
+def _workdir(lab) -> Path:
+    d = lab.lay.jobs_dir / f"spank-{time.time_ns()}"
+    d.mkdir()
+    d.chmod(0o777)
+    (d / "rank.sh").write_text(RANK_SH)
+    (d / "rank.sh").chmod(0o755)
+    return d
+
+
+def _sbatch(lab, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["/usr/bin/sbatch", "--parsable", *args], capture_output=True, text=True, timeout=30,
+                          env=lab.env())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"sbatch failed: {proc.stderr}")
+    return proc
+
+
+def _submit_ranks(lab, d: Path, *opts: str, nodes: int = 2, mode: str = "trap") -> int:
+    script = f"srun --kill-on-bad-exit=0 {d}/rank.sh {d} {sys.executable} {mode}"
+    proc = _sbatch(lab, f"--output={d}/out.log", f"--nodes={nodes}", f"--ntasks={nodes}", *opts,
+                   f"--wrap={script}")
+    return int(proc.stdout.strip().split(";")[0])
+
+
+def _journal(lab):
+    return open_journal(config_mod.load(lab.lay.ft_conf).journal.path)
+
+
+def test_drain_checkpoint_every_rank_saves_requeue_resume(spank_lab, slurm):
+    lab = spank_lab
+    d = _workdir(lab)
+    job_id = _submit_ranks(lab, d, "--ft", "--ft-retries=2", "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=60")
+    job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
+    assert job is not None
+    assert "ft:retries=2,ckpt_signal=USR2,ckpt_wait=60" in job.comment and job.requeue
+    wait_for(lambda: (d / "out.log").exists() and (d / "out.log").read_text().count("attempt 0") >= 2, 30,
+             "both ranks up")
+    time.sleep(1.0)
+    node = "n1" if "n1" in job.nodes or job.nodes == "n[1-2]" else job.nodes.split(",")[0]
+    with _journal(lab) as journal:
+        t0 = time.monotonic()
+        outcomes = evacuate_node(slurm, journal, node, default_retries=3, log=lambda *_: None)
+        took = time.monotonic() - t0
+    out = next(o for o in outcomes if o.job_id == job_id)
+    assert out.result == "saved" and out.requeued, out
+    assert out.step and out.step > 0 and out.path == str(d)
+    assert sorted(p.name for p in d.glob("rank*.a0.saved")) == ["rank0.a0.saved", "rank1.a0.saved"]
+    again = slurm.wait_job(job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1, 60, 0.2)
+    assert again is not None and node not in again.nodes and node in again.excluded_nodes
+    wait_for(lambda: "resuming from step" in (d / "out.log").read_text(), 30, "ranks to resume")
+    text = (d / "out.log").read_text()
+    assert "attempt 0" in text and "attempt 1" in text, "output not in append mode"
+    assert f"resuming from step {out.step}" in text
+    with _journal(lab) as journal:
+        h = history(journal, job_id)
+    first = h["attempts"][0]
+    assert first["checkpoint"]["result"] == "saved" and first["checkpoint"]["step"] == out.step
+    actions = [a["action"] for a in first["actions"]]
+    assert "ckpt-notify" in actions and "ckpt-ack" in actions and "requeue" in actions
+    print(f"drain --checkpoint: ack+requeue in {took:.2f} s (ack after {out.waited_s:.2f} s)")
+    slurm.run("scancel", str(job_id))
+
+
+def test_job_ignoring_signal_times_out_and_is_requeued(spank_lab, slurm):
+    lab = spank_lab
+    d = _workdir(lab)
+    job_id = _submit_ranks(lab, d, "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=3", nodes=1, mode="ignore")
+    job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
+    wait_for(lambda: (d / "out.log").exists() and "attempt 0" in (d / "out.log").read_text(), 30, "rank up")
+    with _journal(lab) as journal:
+        outcomes = evacuate_node(slurm, journal, job.nodes, default_retries=3, log=lambda *_: None)
+    out = next(o for o in outcomes if o.job_id == job_id)
+    assert out.result == "timeout" and out.requeued
+    assert 3.0 <= out.waited_s < 6.0
+    with _journal(lab) as journal:
+        h = history(journal, job_id)
+    assert h["attempts"][0]["checkpoint"]["result"] == "timeout"
+    again = slurm.wait_job(job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1, 60, 0.2)
+    assert again is not None and again.nodes != job.nodes
+    slurm.run("scancel", str(job_id))
+
+
+@pytest.mark.parametrize("option, word", [("--ft-retries=-1", "--ft-retries"),
+                                          ("--ft-ckpt-signal=BOGUS", "--ft-ckpt-signal"),
+                                          ("--ft-ckpt-wait=3601", "--ft-ckpt-wait"),
+                                          ("--ft-hang-timeout=5", "--ft-hang-timeout")])
+def test_bad_values_fail_at_submit(spank_lab, option, word):
+    proc = _sbatch(spank_lab, option, "--wrap=true", check=False)
+    assert proc.returncode != 0
+    assert f"slurm_ft: {word}=" in proc.stderr
+
+
+def test_time_limit_signal_before_limit_and_save(spank_lab, slurm):
+    lab = spank_lab
+    d = _workdir(lab)
+    # --ft-ckpt-wait=5 -> cli_filter sets --signal=USR2@35: the signal comes 5..35 s before the limit
+    job_id = _submit_ranks(lab, d, "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=5", "--time=1", nodes=1)
+    assert slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
+    started = time.monotonic()
+    marker = d / "rank0.a0.saved"
+    wait_for(marker.exists, 100, "the time-limit checkpoint signal", interval_s=0.5)
+    at = time.monotonic() - started
+    def final_ack():
+        a = channel.find(slurm.job(job_id).comment)
+        return a if a is not None and a.state in ("saved", "failed") else None
+    ack = wait_for(final_ack, 20, "the final ack")
+    assert ack.state == "saved" and ack.attempt == 0
+    final = slurm.wait_job(job_id, lambda j: j.ended, 120, 1.0)
+    assert final.state == "TIMEOUT"
+    assert final.end_time - final.start_time > at
+    print(f"time-limit signal {at:.0f} s after start of a 60 s job")
