@@ -51,6 +51,9 @@ class FailoverConfig:
     mailbox_field: str = "Extra"
     #: Verdict records kept per node mailbox (oldest dropped first).
     mailbox_keep: int = 16
+    #: ``slurm-ft health --act`` (HealthCheckProgram) resumes a node slurm-ft drained once every
+    #: check passes. Off by default: an admin decides when a drained node comes back.
+    auto_resume: bool = False
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,9 @@ def health_gate(cfg, job: NodeJob, log) -> int:
     the node mailbox (it releases the job elsewhere at once) and return 1 so Slurm does not start
     the job here. A check that could not run is a fail (see slurm_ft.health); a broken config is
     logged and lets the job start (our bug must not take a node out of service)."""
-    from .drain import drain_node
     from .failover import mailbox
     from .health import run_checks, unhealthy
-    from .journal import open_journal
+    from .health.actions import act_on_node, journal_results
     from .slurm import Slurm
 
     try:
@@ -55,22 +54,14 @@ def health_gate(cfg, job: NodeJob, log) -> int:
     except SlurmFTError as exc:
         log(f"health checks not run: {exc}")
         return 0
+    journal_results(cfg, job.node, results, job.job_id, log)
     failing = unhealthy(results)
-    try:
-        with open_journal(cfg.node_journal_path(job.node)) as journal:
-            journal.add_health(job.node, [r.to_dict() for r in results], job_id=job.job_id)
-    except SlurmFTError as exc:
-        log(f"health results not journaled: {exc}")
     if not failing:
         return 0
-    first = failing[0]
-    where = f"GPU{first.gpu} " if first.gpu is not None and f"GPU{first.gpu}" not in first.measurement else ""
-    reason = f"slurm-ft: {first.check}: {where}{first.measurement}"[:200]
-    log(f"unhealthy: {reason}")
     slurm = Slurm.from_config(cfg)
     try:
-        log(f"drain: {drain_node(slurm, job.node, reason)}")
-        rec = mailbox.new_record(job.job_id, job.attempt, "hardware", f"health:{first.check}", [], None)
+        act_on_node(cfg, job.node, results, slurm, log)
+        rec = mailbox.new_record(job.job_id, job.attempt, "hardware", f"health:{failing[0].check}", [], None)
         mailbox.publish(slurm, job.node, rec, field=cfg.failover.mailbox_field, keep=cfg.failover.mailbox_keep,
                         lock_dir=cfg.node_state.dir)
     except SlurmFTError as exc:

@@ -44,3 +44,24 @@ def test_admin_drain_reason_is_never_overwritten(lab, slurm):
     slurm.drain("n3", "bad fan, ticket 42")
     assert drain_node(slurm, "n3", "slurm-ft: temperature: GPU0 95 C") == "kept-admin-reason"
     assert slurm.show_node("n3")["Reason"].startswith("bad fan, ticket 42")
+
+
+def test_health_check_program_drains_and_auto_resumes(lab, slurm, tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_ft.cli import main
+    conf = tmp_path / "ft.toml"
+    conf.write_text(lab.lay.ft_conf.read_text().replace("[failover]\n", "[failover]\nauto_resume = true\n"))
+    env = {"SLURM_CONF": str(lab.lay.slurm_conf)}
+    fake.set_gpu_field(str(lab.lay.inventory("n2")), 1, "ecc_volatile_uncorrected", "3")
+    r = CliRunner().invoke(main, ["health", "--act", "--node", "n2", "--config", str(conf)], env=env)
+    assert r.exit_code == 1
+    assert slurm.show_node("n2")["Reason"].startswith("slurm-ft: ecc_volatile_uncorrected: GPU1")
+    fake.set_gpu_field(str(lab.lay.inventory("n2")), 1, "ecc_volatile_uncorrected", "0")
+    r = CliRunner().invoke(main, ["health", "--act", "--node", "n2", "--config", str(conf)], env=env)
+    assert r.exit_code == 0, r.output
+    assert "DRAIN" not in slurm.show_node("n2")["State"]
+    # an admin's drain is never resumed by slurm-ft
+    slurm.drain("n2", "PSU swap, ticket 7")
+    r = CliRunner().invoke(main, ["health", "--act", "--node", "n2", "--config", str(conf)], env=env)
+    assert r.exit_code == 0 and "DRAIN" in slurm.show_node("n2")["State"]

@@ -56,9 +56,13 @@ def render_table(node: str, results: list[CheckResult]) -> str:
 @click.option("--node", default=None, help="Slurm node name (default: $SLURMD_NODENAME or the short host name).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="slurm-ft TOML config (default: the usual lookup order).")
+@click.option("--act", is_flag=True,
+              help="As Slurm's HealthCheckProgram (root): journal the results, drain the node on a fail "
+                   "(never over an admin's reason), resume a slurm-ft-drained node on a pass if "
+                   "[failover] auto_resume is on.")
 @click.pass_context
 def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], node: str | None,
-                   config_path: str | None) -> None:
+                   config_path: str | None, act: bool) -> None:
     """Run the GPU health checks on this node.
 
     Exit status 0 when healthy (warnings allowed), 1 when a check fails, 2 on a usage or
@@ -79,6 +83,15 @@ def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], n
     except SlurmFTError as exc:
         raise click.ClickException(str(exc)) from None
     bad = unhealthy(results)
+    if act:
+        from ..slurm import Slurm
+        from .actions import act_on_node, journal_results
+
+        journal_results(cfg, node, results, None, lambda m: click.echo(m, err=True))
+        try:
+            act_on_node(cfg, node, results, Slurm.from_config(cfg), lambda m: click.echo(m, err=True))
+        except SlurmFTError as exc:
+            raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps({"node": node, "healthy": not bad,
                                "results": [r.to_dict() for r in results]}, indent=2))
