@@ -70,7 +70,7 @@ def main() -> None:
         fake.write_inventory(str(inv), "n1", [{"index": i} for i in range(8)])
         default = write_config(d)
         thread = write_config(d, isolation="thread")
-        print(f"gpus=8")
+        print("gpus=8")
         print(f"python={sys.version.split()[0]}")
         baseline = time_runs("pass", default, args.runs, 0)
         print(f"interpreter_median_s={statistics.median(baseline):.3f}")

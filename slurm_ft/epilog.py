@@ -17,10 +17,9 @@ import os
 import sys
 import time
 
-from . import config as config_mod
 from .errors import SlurmFTError
-from .nodejob import BadEnvironment, NodeJob, pop_start_marker
-from .nodelog import NodeLog
+from .nodejob import NodeJob, pop_start_marker
+from .nodelog import start_script
 
 #: If the prolog left no start marker, look this far back in the kernel log (seconds).
 FALLBACK_WINDOW_S = 3600.0
@@ -100,25 +99,63 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
         except SlurmFTError as exc:
             log(f"job output not read: {exc}")
     return Evidence(kernel_lines=kernel, stderr_tail=tail, exit_code=job.exit_code, signal=job.signal,
-                    job_bus_ids=job_bus, node_bus_ids=node_bus)
+                    job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time())
+
+
+def window_start(cfg, job: NodeJob, marker: dict | None, log) -> float:
+    """Monotonic time (seconds, the kernel log's clock) from which kernel lines belong to this job:
+    the prolog's start marker; else the job's start time from Slurm; else the last hour."""
+    if marker:
+        return marker["monotonic"] - 1.0
+    try:
+        from .slurm import Slurm
+        info = Slurm.from_config(cfg).job(job.job_id)
+        if info is not None and info.start_time:
+            return time.monotonic() - (time.time() - info.start_time) - 1.0
+    except SlurmFTError as exc:
+        log(f"job start time unavailable: {exc}")
+    return time.monotonic() - FALLBACK_WINDOW_S
+
+
+def with_prior_xids(cfg, job: NodeJob, evidence, policy, log):
+    """``evidence`` plus this node's earlier Xids from the node journal (``prior_xids``), for
+    count/window rules across jobs ("Xid 31 three times on the same GPU within 1 h").
+
+    Only when the kernel lines hold a GPU Xid some count rule counts; then one bounded query:
+    verdicts recorded within the longest rule window, at most the newest few thousand rows.  The
+    current job+attempt's own earlier record (an epilog run twice) is left out.  A journal that
+    cannot be read is logged and the evidence returned unchanged."""
+    import dataclasses
+
+    from .classify.history import MAX_PRIOR_VERDICTS, SCAN_VERDICTS, lookback_s, needs_history, prior_xids
+    from .journal import open_journal
+
+    if not needs_history(evidence.kernel_lines, policy):
+        return evidence
+    now = evidence.now if evidence.now is not None else time.time()
+    try:
+        with open_journal(cfg.node_journal_path(job.node)) as journal:
+            rows = journal.recent_xid_verdicts(now - lookback_s(policy), limit=MAX_PRIOR_VERDICTS,
+                                               scan=SCAN_VERDICTS)
+    except SlurmFTError as exc:
+        log(f"earlier Xids unavailable: {exc}")
+        return evidence
+    prior = prior_xids(rows, exclude=(job.job_id, job.attempt))
+    return dataclasses.replace(evidence, prior_xids=prior, now=now) if prior else evidence
 
 
 def run(env: dict[str, str] | None = None) -> int:
     """The whole epilog; returns the process exit status (always 0, see module doc)."""
-    try:
-        job = NodeJob.from_env(env)
-    except BadEnvironment as exc:
-        NodeLog("epilog")(str(exc))
+    job, cfg, log = start_script("epilog", env)
+    if cfg is None:
         return 0
-    log = NodeLog("epilog", job)
     try:
-        cfg = config_mod.load(env=env)
-        log = NodeLog("epilog", job, cfg.node_state.log)
         marker = pop_start_marker(cfg.node_state.dir, job)
-        since = marker["monotonic"] - 1.0 if marker else time.monotonic() - FALLBACK_WINDOW_S
-        from .classify import classify, from_config
-        evidence = gather_evidence(cfg, job, since, log)
-        verdict = classify(evidence, from_config(cfg.classify) if cfg.classify else None)
+        since = window_start(cfg, job, marker, log)
+        from .classify import classify, default_policy, from_config
+        policy = from_config(cfg.classify) if cfg.classify else default_policy()
+        evidence = with_prior_xids(cfg, job, gather_evidence(cfg, job, since, log), policy, log)
+        verdict = classify(evidence, policy)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
     except SlurmFTError as exc:
         log(f"error: {exc}")

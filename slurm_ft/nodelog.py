@@ -27,3 +27,26 @@ class NodeLog:
                     fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
             except OSError:
                 pass
+
+
+def start_script(who: str, env: dict[str, str] | None = None):
+    """Common start of the prolog and epilog: parse the ``SLURM_*`` environment, load the config,
+    open the log. Returns ``(job, cfg, log)``; ``job`` or ``cfg`` is None (and the problem logged)
+    when the environment or the config is unusable. Never raises."""
+    from . import config as config_mod
+    from .errors import SlurmFTError
+    from .nodejob import BadEnvironment, NodeJob
+
+    try:
+        job = NodeJob.from_env(env)
+    except BadEnvironment as exc:
+        log = NodeLog(who)
+        log(str(exc))
+        return None, None, log
+    log = NodeLog(who, job)
+    try:
+        cfg = config_mod.load(env=env)
+    except SlurmFTError as exc:
+        log(f"config: {exc}")
+        return job, None, log
+    return job, cfg, NodeLog(who, job, cfg.node_state.log)

@@ -15,26 +15,20 @@ from __future__ import annotations
 
 import sys
 
-from . import config as config_mod
 from .errors import SlurmFTError
-from .nodejob import BadEnvironment, NodeJob, write_start_marker
-from .nodelog import NodeLog
+from .nodejob import NodeJob, write_start_marker
+from .nodelog import start_script
 
 
 def run(env: dict[str, str] | None = None) -> int:
-    try:
-        job = NodeJob.from_env(env)
-    except BadEnvironment as exc:
-        NodeLog("prolog")(str(exc))
+    """The whole prolog; returns the process exit status (see module doc)."""
+    job, cfg, log = start_script("prolog", env)
+    if cfg is None:
         return 0
-    log = NodeLog("prolog", job)
     try:
-        cfg = config_mod.load(env=env)
-        log = NodeLog("prolog", job, cfg.node_state.log)
         write_start_marker(cfg.node_state.dir, job)
-    except (SlurmFTError, OSError) as exc:
-        log(f"error: {exc}")
-        return 0
+    except OSError as exc:
+        log(f"start marker not written: {exc}")
     return health_gate(cfg, job, log)
 
 

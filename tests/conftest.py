@@ -41,3 +41,27 @@ def slurm(lab):
     reset_nodes(lab, s)
     yield s
     reset_nodes(lab, s)
+
+
+@pytest.fixture
+def ft_history(lab):
+    """``ft_history(job_id, pred, timeout_s=30)``: the job's ft-history (daemon journal) once
+    ``pred(history)`` holds."""
+    from slurm_ft import config as config_mod
+    from slurm_ft.errors import SlurmFTError
+    from slurm_ft.history import history
+    from slurm_ft.journal import open_journal
+    from slurm_ft.lab.demo import wait_for
+
+    path = config_mod.load(lab.lay.ft_conf).journal.path
+
+    def get(job_id, pred=lambda h: True, timeout_s=30):
+        def probe():
+            with open_journal(path) as j:
+                try:
+                    h = history(j, job_id)
+                except SlurmFTError:
+                    return None
+            return h if pred(h) else None
+        return wait_for(probe, timeout_s, f"ft-history of job {job_id}")
+    return get

@@ -165,3 +165,16 @@ def test_node_from_json_and_kv():
     assert n2.drained
     kv = parse_kv_line("NodeName=n1 State=IDLE+DRAIN Extra=slurm-ft/1;1.0,a,b,,,1.0 Reason=bad gpu [root@t]")
     assert kv["Extra"].startswith("slurm-ft/1") and kv["Reason"] == "bad gpu [root@t]"
+
+
+# -- prolog/epilog never fail the node on our own errors -------------------------------------
+@pytest.mark.parametrize("module", ["prolog", "epilog"])
+def test_scripts_exit_0_on_bad_env_or_config(module, tmp_path, capsys):
+    import importlib
+    run = importlib.import_module(f"slurm_ft.{module}").run
+    assert run({}) == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[failover]\nretries = -5\n")
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "n1", "SLURM_FT_CONFIG": str(bad)}
+    assert run(env) == 0
+    assert "failover.retries" in capsys.readouterr().err

@@ -11,7 +11,6 @@ import pytest
 
 from slurm_ft import config as config_mod
 from slurm_ft.failover.daemon import Daemon
-from slurm_ft.history import history
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import ckpt_step, job_gpu_index, submit_training, wait_for, wait_started
 from slurm_ft.lab.inject import inject_xid
@@ -24,24 +23,13 @@ def _cfg(lab):
     return config_mod.load(lab.lay.ft_conf)
 
 
-def _history(lab, job_id, pred, timeout_s=30):
-    def probe():
-        with open_journal(_cfg(lab).journal.path) as j:
-            try:
-                h = history(j, job_id)
-            except Exception:
-                return None
-        return h if pred(h) else None
-    return wait_for(probe, timeout_s, f"ft-history of job {job_id}")
-
-
 def _fault(slurm, sub, xid, attempt):
     job = wait_started(slurm, sub, attempt)
     inject_xid(job.nodes, xid, job_gpu_index(slurm, sub.job_id))
     return job.nodes
 
 
-def test_budget_exhaustion_accumulates_exclusions_and_drains(lab, slurm):
+def test_budget_exhaustion_accumulates_exclusions_and_drains(lab, slurm, ft_history):
     sub = submit_training(lab, steps=400, comment="ft:retries=2")
     n0 = _fault(slurm, sub, 79, 0)
     n1 = _fault(slurm, sub, 48, 1)
@@ -49,7 +37,7 @@ def test_budget_exhaustion_accumulates_exclusions_and_drains(lab, slurm):
     assert sorted(slurm.job(sub.job_id).excluded_nodes.split(",")) == sorted([n0])
     n2 = _fault(slurm, sub, 94, 2)
     assert n2 not in (n0, n1)
-    h = _history(lab, sub.job_id, lambda h: h["ft_state"] == "max-retries-exceeded")
+    h = ft_history(sub.job_id, lambda h: h["ft_state"] == "max-retries-exceeded")
     assert [a["verdict"] for a in h["attempts"]] == ["hardware"] * 3
     assert sorted(h["excluded_nodes"].split(",")) == sorted([n0, n1])
     final = slurm.job(sub.job_id)
@@ -58,27 +46,27 @@ def test_budget_exhaustion_accumulates_exclusions_and_drains(lab, slurm):
         assert slurm.show_node(n)["Reason"].startswith("slurm-ft: Xid")
 
 
-def test_budget_zero_never_requeues(lab, slurm):
+def test_budget_zero_never_requeues(lab, slurm, ft_history):
     sub = submit_training(lab, steps=400, comment="ft:retries=0")
     _fault(slurm, sub, 79, 0)
-    h = _history(lab, sub.job_id, lambda h: h["ft_state"] == "max-retries-exceeded")
+    h = ft_history(sub.job_id, lambda h: h["ft_state"] == "max-retries-exceeded")
     assert len(h["attempts"]) == 1
     time.sleep(1)
     assert slurm.job(sub.job_id).restart_count == 0
 
 
-def test_fast_fail_on_same_signature_twice(lab, slurm):
+def test_fast_fail_on_same_signature_twice(lab, slurm, ft_history):
     sub = submit_training(lab, steps=400, comment="ft:retries=3")
     _fault(slurm, sub, 79, 0)
     _fault(slurm, sub, 79, 1)
-    h = _history(lab, sub.job_id, lambda h: h["ft_state"] == "internal-error")
+    h = ft_history(sub.job_id, lambda h: h["ft_state"] == "internal-error")
     assert "fast-fail" in h["attempts"][-1]["action"] or any(
         "fast-fail" in a["detail"] for a in h["attempts"][-1]["actions"])
     time.sleep(1)
     assert slurm.job(sub.job_id).restart_count == 1
 
 
-def test_failed_over_job_runs_before_waiting_jobs(lab, slurm):
+def test_failed_over_job_runs_before_waiting_jobs(lab, slurm, ft_history):
     sub = submit_training(lab, steps=400)
     first = wait_started(slurm, sub)
     # every other GPU busy with a long filler, then three waiting jobs that outrank the ft job
@@ -90,7 +78,7 @@ def test_failed_over_job_runs_before_waiting_jobs(lab, slurm):
     for w in waiting:
         slurm.update_job(w.job_id, Priority=str(top + 10))
     inject_xid(first.nodes, 79, job_gpu_index(slurm, sub.job_id))
-    _history(lab, sub.job_id, lambda h: h["ft_state"] == "requeued")
+    ft_history(sub.job_id, lambda h: h["ft_state"] == "requeued")
     pending = slurm.job(sub.job_id)
     assert pending.state == "PENDING" and pending.admin_comment == "slurm-ft:requeued"
     assert pending.priority > max(slurm.job(w.job_id).priority for w in waiting)
@@ -101,10 +89,10 @@ def test_failed_over_job_runs_before_waiting_jobs(lab, slurm):
     assert all(slurm.job(w.job_id).state == "PENDING" for w in waiting)
 
 
-def test_not_configured_state_for_failed_plain_job(lab, slurm):
+def test_not_configured_state_for_failed_plain_job(lab, slurm, ft_history):
     sub = submit_training(lab, steps=400, comment="plain")
     _fault(slurm, sub, 79, 0)
-    _history(lab, sub.job_id, lambda h: h["ft_state"] == "not-configured")
+    ft_history(sub.job_id, lambda h: h["ft_state"] == "not-configured")
     time.sleep(1)
     assert slurm.job(sub.job_id).restart_count == 0
 
@@ -198,7 +186,7 @@ def test_sigkilled_daemon_process_resumes(lab, slurm):
     assert again.nodes != first.nodes and again.restart_count == 1
 
 
-def test_lost_node_fails_over_and_stale_copy_is_fenced(lab, slurm):
+def test_lost_node_fails_over_and_stale_copy_is_fenced(lab, slurm, ft_history):
     sub = submit_training(lab, steps=400, step_time=0.1)
     first = wait_started(slurm, sub)
     wait_for(lambda: ckpt_step(sub.ckpt) >= 5, 60, "checkpoint")
@@ -206,7 +194,7 @@ def test_lost_node_fails_over_and_stale_copy_is_fenced(lab, slurm):
     try:
         again = wait_started(slurm, sub, 1, timeout_s=90)
         assert again.nodes != first.nodes
-        h = _history(lab, sub.job_id, lambda h: len(h["attempts"]) >= 2)
+        h = ft_history(sub.job_id, lambda h: len(h["attempts"]) >= 2)
         assert h["attempts"][0]["verdict"] == "hardware" and h["attempts"][0]["rule"] == "slurm-node-fail"
         wait_for(lambda: json.loads(sub.ckpt.read_text()).get("attempt") == 1, 30, "attempt 1 checkpoint")
         # the stale attempt-0 copy is still running on the lost node and tries to save: fenced

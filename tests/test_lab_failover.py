@@ -7,7 +7,6 @@ import time
 import pytest
 
 from slurm_ft import config as config_mod
-from slurm_ft.history import history
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import ckpt_step, job_gpu_index, run_demo, submit_training, wait_for, wait_started
 from slurm_ft.lab.inject import inject_xid
@@ -15,29 +14,16 @@ from slurm_ft.lab.inject import inject_xid
 pytestmark = pytest.mark.lab
 
 
-def _history(lab, job_id, pred, timeout_s=30):
-    path = config_mod.load(lab.lay.ft_conf).journal.path
-
-    def probe():
-        with open_journal(path) as j:
-            try:
-                h = history(j, job_id)
-            except Exception:
-                return None
-        return h if pred(h) else None
-    return wait_for(probe, timeout_s, f"ft-history of job {job_id}")
-
-
 def test_demo_xid79_fails_over_and_resumes(lab, slurm):
     assert run_demo(str(lab.lay.dir), log=lambda *_: None)
 
 
-def test_xid13_is_user_fault_not_requeued(lab, slurm):
+def test_xid13_is_user_fault_not_requeued(lab, slurm, ft_history):
     job = submit_training(lab, steps=200)
     first = wait_started(slurm, job)
     wait_for(lambda: ckpt_step(job.ckpt) >= 5, 60, "checkpoint")
     inject_xid(first.nodes, 13, job_gpu_index(slurm, job.job_id))
-    h = _history(lab, job.job_id, lambda h: h["ft_state"] == "internal-error")
+    h = ft_history(job.job_id, lambda h: h["ft_state"] == "internal-error")
     assert h["attempts"][0]["verdict"] == "user"
     assert any(x.startswith("13@") for x in h["attempts"][0]["xids"])
     time.sleep(1.0)
@@ -72,12 +58,12 @@ def test_xid_on_other_jobs_gpu_fails_over_only_that_job(lab, slurm):
         slurm.run("scancel", str(s.job_id))
 
 
-def test_xid_on_another_nodes_gpu_changes_nothing(lab, slurm):
+def test_xid_on_another_nodes_gpu_changes_nothing(lab, slurm, ft_history):
     job = submit_training(lab, steps=24, step_time=0.25)
     first = wait_started(slurm, job)
     other = next(n for n in ("n1", "n2", "n3") if n != first.nodes)
     inject_xid(other, 79, 0, kill=False)
     final = slurm.wait_job(job.job_id, lambda j: j.ended, 60, 0.5)
     assert final.state == "COMPLETED" and final.restart_count == 0
-    h = _history(lab, job.job_id, lambda h: h["ft_state"] == "completed")
+    h = ft_history(job.job_id, lambda h: h["ft_state"] == "completed")
     assert len(h["attempts"]) == 1 and h["attempts"][0]["xids"] == []

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_ft.failover.steps import split_nodes
+
 from slurm_ft import config as config_mod
 from slurm_ft.checkpoint import channel
 from slurm_ft.checkpoint.evacuate import evacuate_node
@@ -99,7 +101,7 @@ def test_drain_checkpoint_every_rank_saves_requeue_resume(spank_lab, slurm):
     wait_for(lambda: (d / "out.log").exists() and (d / "out.log").read_text().count("attempt 0") >= 2, 30,
              "both ranks up")
     time.sleep(1.0)
-    node = "n1" if "n1" in job.nodes or job.nodes == "n[1-2]" else job.nodes.split(",")[0]
+    node = split_nodes(job.nodes)[0]
     with _journal(lab) as journal:
         t0 = time.monotonic()
         outcomes = evacuate_node(slurm, journal, node, default_retries=3, log=lambda *_: None)

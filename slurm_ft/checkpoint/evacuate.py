@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 from ..drain import LEADER, drain_node
 from ..errors import ConfigError, SlurmCommandError
-from ..failover import jobspec, policy
+from ..failover import jobspec, policy, steps
+from ..failover.steps import split_nodes
 from ..slurm import Job, Slurm
 from . import channel
 
-MAX_PRIORITY = 4294967293
 #: An ack may carry a time a little before the notify (clocks of nodes and controller differ).
 CLOCK_SKEW_S = 5.0
 
@@ -42,11 +42,6 @@ class Outcome:
     requeued: bool = False
     detail: str = ""
     opts: jobspec.FtOptions | None = field(default=None, repr=False)
-
-
-def split_nodes(expr: str) -> list[str]:
-    from ..failover.daemon import _split_nodes
-    return _split_nodes(expr)
 
 
 def user_steps(slurm: Slurm, job_id: int) -> list[str]:
@@ -136,34 +131,19 @@ def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: l
         journal.record(job.job_id, attempt, "requeue", str(job.job_id),
                        f"not requeued: retry budget {opts.retries} used up; the job runs on", status="skipped")
         return False
-    everyone = slurm.jobs()
-    top = max((j.priority or 0 for j in everyone if j.state in ("PENDING", "RUNNING")), default=0)
-    excluded = sorted(set(split_nodes(job.excluded_nodes)) | set(exclude))
     journal.upsert_attempt(job.job_id, attempt, nodes=job.nodes or None, start=job.start_time, end=time.time(),
                            state="REQUEUED")
     journal.record(job.job_id, attempt, "decide", ",".join(exclude), f"failover: checkpoint-before-exit ({why})")
     journal.set_ft_state(job.job_id, policy.FAILOVER)
-    step = journal.intend(job.job_id, attempt, "requeue", str(job.job_id), "checkpoint-before-exit")
-    try:
-        slurm.requeue(job.job_id)
-    except SlurmCommandError as exc:
-        journal.finish(step, "failed", str(exc))
+    refused = steps.requeue_in_place(slurm, journal, job.job_id, attempt)
+    if refused:
         journal.set_ft_state(job.job_id, policy.RUNNING)
         return False
-    journal.finish(step)
-    fields = {"ExcNodeList": ",".join(excluded), "AdminComment": f"{LEADER}{policy.FAILOVER}"}
-    if priority_boost:
-        fields["Priority"] = str(min(MAX_PRIORITY, max(top, job.priority or 0) + priority_boost))
-    step = journal.intend(job.job_id, attempt, "update", str(job.job_id),
-                          " ".join(f"{k}={v}" for k, v in fields.items()))
-    slurm.update_job(job.job_id, **fields)
-    journal.finish(step)
-    journal.upsert_job(job.job_id, excluded_nodes=",".join(excluded))
+    steps.exclude_and_boost(slurm, journal, job.job_id, attempt, list(exclude), nodes=slurm.nodes(),
+                            top=steps.top_priority(slurm.jobs()), priority_boost=priority_boost)
     left = slurm.wait_job(job.job_id, lambda j: not j.completing, settle_s, 0.1)
     if left is not None and left.state == "PENDING":
-        step = journal.intend(job.job_id, attempt, "start-now", str(job.job_id))
-        slurm.update_job(job.job_id, StartTime="now")
-        journal.finish(step)
+        steps.clear_requeue_delay(slurm, journal, left)
     journal.record(job.job_id, attempt, "failover", ",".join(exclude), f"checkpoint-before-exit: {why}")
     return True
 

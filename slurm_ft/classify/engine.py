@@ -2,11 +2,13 @@
 
 1. Scan: kernel text and job output are scanned as bytes.  For each literal key of the policy's
    signature rows, ``bytes.find`` on the lower-cased text locates candidate lines; only those
-   lines run the rows' regexes (the prefilter keeps ~1M lines/s on noise).
+   lines run the rows' regexes.  Large inputs (>= 8 MiB) let ``grep -F`` pick the lines holding
+   any key first (:mod:`.prefilter`); the same scan then runs on those lines only: same verdict.
 2. Xids: kernel lines holding ``xid`` are parsed (:mod:`.parse`); an Xid counts only when its bus
    id is one of the job's GPUs (or of the node's, when the job's are unknown; any when neither is
    known).  Each attributed Xid takes its catalog row, unless an ``xid`` qualifier row matches the
-   line (NVLink5 "Nonfatal", "NVLink: fatal error"...) or a count/window rule fires.  Xid 45 that
+   line (NVLink5 "Nonfatal", "NVLink: fatal error"...) or a count/window rule fires (counting
+   also ``Evidence.prior_xids``: this node's earlier Xids on the same GPU within the window).  Xid 45 that
    names its cause ("caused by previous Xid 149") is judged as that Xid.
 3. Decide: every matched row/Xid is a candidate ``(priority, position)``; the highest priority wins,
    ties go to the earliest line, so the root cause (48 before its 64) decides.
@@ -16,8 +18,11 @@
 
 from __future__ import annotations
 
+import time
+
 from .model import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_LINES, Evidence, Verdict, XidEvent
 from .parse import find_bus_id, fmt, parse_time, parse_xid
+from . import prefilter as prefilter_mod
 from .policy import Policy, default_policy
 
 #: Bytes of context kept either side of a key hit when a line is longer (huge lines stay cheap).
@@ -103,23 +108,76 @@ def _xid_lines(text: bytes, low: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def _xid_lines_at(text: bytes, starts: list[int]) -> list[tuple[int, bytes]]:
+    """:func:`_xid_lines` restricted to the lines starting at ``starts`` (ascending; a superset of
+    the lines holding ``xid``): same lines, same positions, same re-joined headers."""
+    out: list[tuple[int, bytes]] = []
+    cut = fmt("xid_cut")
+    resume = -1
+    n = len(text)
+    for ls in starts:
+        if ls <= resume:  # consumed as the continuation of a wrapped header
+            continue
+        le = text.find(b"\n", ls)
+        if le == -1:
+            le = n
+        i = text[ls:le].lower().find(b"xid")
+        if i == -1:
+            continue
+        ls, le, line = _line_at(text, ls + i)
+        if cut.search(line) and le < n:
+            _, le2, nxt = _line_at(text, le + 1)
+            line = line.rstrip() + b" " + nxt.lstrip()
+            le = le2
+        out.append((ls, line))
+        resume = le
+    return out
+
+
+def scan_lines(text: bytes, starts: list[int], index: dict[bytes, tuple], base: int = 0) -> list[tuple[object, int, bytes]]:
+    """:func:`scan` restricted to the lines of ``text`` starting at ``starts`` (ascending; a
+    superset of the lines holding a key): the candidate lines are copied out whole, scanned, and
+    the positions mapped back, so rows, lines and positions are those :func:`scan` gives."""
+    if not starts or not index or not text:
+        return []
+    pieces: list[bytes] = []
+    where: dict[int, int] = {}
+    at = 0
+    n = len(text)
+    for ls in starts:
+        le = text.find(b"\n", ls)
+        if le == -1:
+            le = n
+        where[at] = ls
+        pieces.append(text[ls:le])
+        at += le - ls + 1
+    sub = b"\n".join(pieces)
+    return [(row, base + where[pos], line) for row, pos, line in scan(sub, sub.lower(), index)]
+
+
+def _split_starts(starts: list[int], kernel_len: int, out_base: int) -> tuple[list[int], list[int]]:
+    """grep's line starts over ``kernel + b"\n" + output`` -> (kernel starts, output starts)."""
+    from bisect import bisect_left
+
+    cut = bisect_left(starts, out_base)
+    return [s for s in starts[:cut] if s < kernel_len], [s - out_base for s in starts[cut:]]
+
+
 def _decode(line: bytes, limit: int = MAX_EVIDENCE_CHARS) -> str:
     return line.decode("utf-8", "replace").strip()[:limit]
 
 
-def _count_fired(occ: list[tuple[bytes, tuple[str, float] | None]], count: int, window_s: float) -> bool:
-    """Whether ``count`` distinct occurrence keys fall within ``window_s`` seconds.
+def _cluster(occ: list[tuple[bytes, tuple[str, float] | None]], window_s: float) -> int:
+    """The most distinct occurrence keys that fall within ``window_s`` seconds of each other.
 
     Undated occurrences count inside every window; dated ones are compared only with stamps of
     the same clock.  One sliding window per clock: O(n log n)."""
     undated = {k for k, t in occ if t is None}
-    if len(undated) >= count:
-        return True
     by_clock: dict[str, list[tuple[float, bytes]]] = {}
     for k, t in occ:
         if t is not None and k not in undated:
             by_clock.setdefault(t[0], []).append((t[1], k))
-    need = count - len(undated)
+    best = 0
     for stamps in by_clock.values():
         stamps.sort()
         inside: dict[bytes, int] = {}
@@ -132,9 +190,30 @@ def _count_fired(occ: list[tuple[bytes, tuple[str, float] | None]], count: int, 
                 if not inside[old]:
                     del inside[old]
                 lo += 1
-            if len(inside) >= need:
-                return True
-    return False
+            best = max(best, len(inside))
+    return len(undated) + best
+
+
+def _count_fired(occ: list[tuple[bytes, tuple[str, float] | None]], count: int, window_s: float) -> bool:
+    """Whether ``count`` distinct occurrence keys fall within ``window_s`` seconds."""
+    return _cluster(occ, window_s) >= count
+
+
+def _prior_by_bus(prior: object) -> dict[str, list[tuple[float, int, bytes]]]:
+    """``Evidence.prior_xids`` -> bus id -> ``[(epoch seconds, xid, occurrence key)]``.  Events
+    without a bus id are dropped (which GPU they hit is unknown); malformed entries are skipped."""
+    out: dict[str, list[tuple[float, int, bytes]]] = {}
+    for n, p in enumerate(prior or ()):
+        try:
+            when, xid, bus = float(p[0]), int(p[1]), p[2]
+            pid = p[3] if len(p) > 3 else None
+        except (TypeError, ValueError, IndexError):
+            continue
+        if not bus or not isinstance(bus, str):
+            continue
+        key = b"pid=%d" % pid if isinstance(pid, int) and not isinstance(pid, bool) else b"prior=%d" % n
+        out.setdefault(bus, []).append((when, xid, key))
+    return out
 
 
 def _bounded_xids(events: list[XidEvent]) -> tuple[XidEvent, ...]:
@@ -158,13 +237,42 @@ def _bounded_xids(events: list[XidEvent]) -> tuple[XidEvent, ...]:
     return tuple(events[i] for i in sorted(keep))
 
 
-def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
-    """Classify one job's end on one node.  Never raises on odd text: any bytes give a verdict."""
+def _grep_keys(policy: Policy) -> list[bytes]:
+    """Every literal key the kernel/output scans look for, plus ``xid`` for the Xid parser."""
+    keys = {b"xid"}
+    for source in ("kernel", "output"):
+        keys.update(policy.index.get(source, {}))
+    return sorted(keys)
+
+
+def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str = "auto") -> Verdict:
+    """Classify one job's end on one node.  Never raises on odd text: any bytes give a verdict.
+
+    ``prefilter``: ``"auto"`` lets ``grep -F`` select the candidate lines of inputs of at least
+    :data:`~slurm_ft.classify.prefilter.GREP_MIN_BYTES` (:mod:`.prefilter`), ``"grep"`` tries it
+    whatever the size, ``"python"`` never does.  The verdict is the same either way; grep
+    failing or missing silently means the pure-Python path."""
+    if prefilter not in ("auto", "grep", "python"):
+        raise ValueError(f"prefilter: 'auto', 'grep' or 'python', not {prefilter!r}")
     policy = policy or default_policy()
     kernel = _to_bytes(evidence.kernel_lines or ())
     output = _text(evidence.stderr_tail or "")
     out_base = len(kernel) + 1
     cands: list[_Cand] = []
+
+    starts = None
+    if prefilter == "grep" or (prefilter == "auto" and len(kernel) + len(output) >= prefilter_mod.GREP_MIN_BYTES):
+        starts = prefilter_mod.grep_line_starts((kernel, b"\n", output), _grep_keys(policy))
+    if starts is None:
+        kernel_low = kernel.lower()
+        xid_lines = _xid_lines(kernel, kernel_low) if kernel else []
+        sig_hits = [scan(kernel, kernel_low, policy.index.get("kernel", {})),
+                    scan(output, output.lower(), policy.index.get("output", {}), out_base)]
+    else:
+        k_starts, o_starts = _split_starts(starts, len(kernel), out_base)
+        xid_lines = _xid_lines_at(kernel, k_starts)
+        sig_hits = [scan_lines(kernel, k_starts, policy.index.get("kernel", {})),
+                    scan_lines(output, o_starts, policy.index.get("output", {}), out_base)]
 
     job_ids = evidence.job_bus_ids
     node_ids = evidence.node_bus_ids
@@ -183,8 +291,7 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
     sxid_quals = policy.qualifiers("sxid")
     events: list[XidEvent] = []
     judged: list[tuple[XidEvent, int, bytes, object]] = []  # (event, pos, line, hit)
-    kernel_low = kernel.lower()
-    for pos, line in _xid_lines(kernel, kernel_low) if kernel else ():
+    for pos, line in xid_lines:
         hit = parse_xid(line)
         if hit is None:
             continue
@@ -197,12 +304,14 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
         judged.append((ev, pos, line, hit))
 
     fired: dict[int, object] = {}  # index in judged -> count rule
+    prior = _prior_by_bus(evidence.prior_xids) if (evidence.prior_xids and policy.counts) else {}
+    now = evidence.now if evidence.now is not None else (time.time() if prior else 0.0)
     for rule in policy.counts:
         groups: dict[str | None, list[int]] = {}
         for i, (ev, _pos, _line, _hit) in enumerate(judged):
             if ev.kind == "xid" and ev.xid in rule.xids:
                 groups.setdefault(ev.bus_id, []).append(i)
-        for members in groups.values():
+        for bus, members in groups.items():
             occ = []
             for i in members:
                 ev, pos, line, hit = judged[i]
@@ -210,7 +319,14 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
                 key = b"pid=%d" % hit.pid if hit.pid is not None else (
                     b"t=%r" % (stamp,) if stamp is not None else b"pos=%d" % pos)
                 occ.append((key, stamp))
-            if _count_fired(occ, rule.count, rule.window_s):
+            # this node's earlier Xids on the same GPU (node journal): each distinct process
+            # within window_s before now adds one; one already among the current lines counts once
+            earlier: set[bytes] = set()
+            if bus is not None and bus in prior:
+                current = {k for k, _ in occ}
+                since = now - rule.window_s
+                earlier = {k for when, xid, k in prior[bus] if xid in rule.xids and when >= since and k not in current}
+            if _cluster(occ, rule.window_s) + len(earlier) >= rule.count:
                 for i in members:
                     fired.setdefault(i, rule)
 
@@ -235,8 +351,8 @@ def classify(evidence: Evidence, policy: Policy | None = None) -> Verdict:
             cands.append(_Cand(row.rank, pos, row.cls, row.action, row.id, line))
 
     # -- signature rows over kernel text and job output -----------------------------------------
-    for text, low, source, base in ((kernel, kernel_low, "kernel", 0), (output, output.lower(), "output", out_base)):
-        for row, pos, line in scan(text, low, policy.index.get(source, {}), base):
+    for hits in sig_hits:
+        for row, pos, line in hits:
             if row.scope == "gpu":
                 bus = find_bus_id(line)
                 if not attributed(bus):

@@ -6,7 +6,7 @@ Plain frozen dataclasses, no I/O, no regexes: importing this module costs next t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Verdict classes, in the order the docs explain them.
 #: hardware: fail over, drain/exclude the node or GPU.  user: deterministic, do not retry.
@@ -57,6 +57,19 @@ class XidEvent:
         }
 
 
+class PriorXid(NamedTuple):
+    """An Xid this node saw before the current job (from the node journal).
+
+    time: epoch seconds (when the verdict holding it was recorded: the end of that job).
+    bus_id: normalised bus id.  pid: the faulting process from the Xid line, when it names one
+    (an event seen by two jobs' evidence counts once)."""
+
+    time: float
+    xid: int
+    bus_id: str | None
+    pid: int | None = None
+
+
 @dataclass(frozen=True)
 class Evidence:
     """Everything known about one job's end on one node; every field is optional.
@@ -69,6 +82,12 @@ class Evidence:
     job_bus_ids: normalised bus ids of the job's GPUs on this node (None: unknown, fall back to
       node_bus_ids).  node_bus_ids: normalised bus id -> GPU index for every GPU of the node
       (None: unknown, accept any bus id).
+    prior_xids: this node's earlier Xid events, for count/window rules across jobs:
+      :class:`PriorXid` ``(time, xid, bus_id, pid)`` tuples (plain ``(time, xid, bus_id)`` tuples
+      too), ``time`` in epoch seconds.  The epilog fills them from the node journal
+      (:func:`slurm_ft.classify.history.prior_xids`).  Events without a bus id are not counted.
+    now: epoch seconds of this evidence (the job's end); prior events count when
+      ``time >= now - window_s``.  None: ``time.time()`` when prior_xids are given.
     """
 
     kernel_lines: list[str] | tuple[str, ...] = ()
@@ -78,6 +97,8 @@ class Evidence:
     slurm_state: str | None = None
     job_bus_ids: frozenset[str] | None = None
     node_bus_ids: dict[str, int] | None = None
+    prior_xids: tuple[PriorXid | tuple, ...] = ()
+    now: float | None = None
 
 
 @dataclass(frozen=True)

@@ -117,8 +117,12 @@ def xid_catalog() -> dict[int, XidRow]:
     return rows
 
 
-def signature_from_dict(rec: dict, where: str) -> Signature:
-    """Build and validate one signature row (also used for admin-added rows)."""
+def signature_from_dict(rec: dict, where: str, *, compile_pattern: bool = True) -> Signature:
+    """Build and validate one signature row (also used for admin-added rows).
+
+    ``compile_pattern=False`` (the shipped table only) leaves the regex to be compiled on first
+    use: a classification compiles only the rows whose keys it meets, which keeps the epilog's
+    start-up short.  ``tests/test_classify_table.py`` compiles and checks every shipped row."""
     required = ("id", "source", "keys", "pattern", "class", "action", "priority", "example", "ref")
     allowed = set(required) | {"scope", "xids"}
     for key in rec:
@@ -133,8 +137,11 @@ def signature_from_dict(rec: dict, where: str) -> Signature:
     keys = rec["keys"]
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k and k == k.lower() for k in keys):
         raise ConfigError(f"{where}.keys: a non-empty list of lower-case strings")
+    if not isinstance(rec["pattern"], str):
+        raise ConfigError(f"{where}.pattern: a string")
     try:
-        _compile(rec["pattern"])
+        if compile_pattern:
+            _compile(rec["pattern"])
     except re.error as exc:
         raise ConfigError(f"{where}.pattern: invalid regex: {exc}") from None
     if rec.get("scope") not in (None, "gpu"):
@@ -153,7 +160,8 @@ def signatures() -> tuple[Signature, ...]:
     import tomllib
 
     data = tomllib.loads(_data_text("signatures.toml"))
-    rows = tuple(signature_from_dict(rec, f"signatures.toml [{i}] {rec.get('id')}") for i, rec in enumerate(data["signature"]))
+    rows = tuple(signature_from_dict(rec, f"signatures.toml [{i}] {rec.get('id')}", compile_pattern=False)
+                 for i, rec in enumerate(data["signature"]))
     ids = [r.id for r in rows]
     if len(set(ids)) != len(ids):
         raise ConfigError("signatures.toml: duplicate ids")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import signal
 import time
 
@@ -28,10 +27,10 @@ from ..drain import LEADER, drain_node
 from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..journal import open_journal
 from ..slurm import Job, Slurm
-from . import jobspec, mailbox, policy
+from . import jobspec, mailbox, policy, steps
+from .steps import split_nodes as _split_nodes
 
 log = logging.getLogger("slurm_ft.daemon")
-MAX_PRIORITY = 4294967293
 #: Rule ids of prolog health-check verdicts (``health:<check>``).
 HEALTH_RULE = "health:"
 #: Node states in which a node cannot take the job (sinfo --json, lower- or upper-case).
@@ -88,7 +87,7 @@ class Daemon:
         self.ingest_mailboxes(self._nodes)
         jobs = self.slurm.jobs()
         by_id = {j.job_id: j for j in jobs}
-        self._top_priority = max((j.priority or 0 for j in jobs if j.state in ("PENDING", "RUNNING")), default=0)
+        self._top_priority = steps.top_priority(jobs)
         self.reconcile(by_id)
         for job in jobs:
             snap = (job.state, tuple(job.flags), job.restart_count, job.nodes, job.priority, job.comment)
@@ -177,7 +176,7 @@ class Daemon:
         if job.state == "PENDING" and attempt > 0 and not self._decided(job.job_id, attempt - 1):
             return self._requeued_by_slurm(job, row)
         if job.state == "PENDING" and state in (policy.FAILOVER, policy.REQUEUED):
-            return self._clear_requeue_delay(job)
+            return steps.clear_requeue_delay(self.slurm, self.journal, job)
         if job.state == "RUNNING" and state in (policy.FAILOVER, policy.REQUEUED):
             self.journal.set_ft_state(job.job_id, policy.RUNNING)
             return True
@@ -248,67 +247,26 @@ class Daemon:
 
     # ------------------------------------------------------------------ failover steps
     def _do_failover(self, job: Job, attempt: int, decision: policy.Decision, aid: int) -> None:
-        """Drain, requeue in place, exclude, boost, clear the requeue delay. Idempotent: safe to
-        run again for the same attempt after a crash at any point."""
+        """Drain, requeue in place, exclude, boost, clear the requeue delay (``steps``).
+        Idempotent: safe to run again for the same attempt after a crash at any point."""
         j = self.journal
         self._drain(job, attempt, decision)
-        fresh = self.slurm.job(job.job_id) or job
-        if fresh.restart_count == attempt and fresh.state != "PENDING":
-            step = j.intend(job.job_id, attempt, "requeue", str(job.job_id))
-            try:
-                self.slurm.requeue(job.job_id)
-            except SlurmCommandError as exc:
-                j.finish(step, "failed", str(exc))
-                j.finish(aid, "failed", f"requeue refused: {exc}")
-                j.set_ft_state(job.job_id, policy.INTERNAL_ERROR)
-                log.error("job %s: requeue refused: %s", job.job_id, exc)
-                return
-            j.finish(step)
-        excluded = sorted(set(_split_nodes(fresh.excluded_nodes)) | set(self._blamed_so_far(job.job_id)) |
-                          set(decision.blamed_nodes))
-        fields = {"AdminComment": f"{LEADER}{policy.FAILOVER}"}
-        usable = self._usable_nodes(fresh, excluded)
-        needed = _node_count(fresh)
-        if usable < needed:
-            reason = (f"{LEADER} held: excluding {','.join(excluded)} leaves {usable} usable node(s), "
-                      f"job needs {needed}")
-            fields = {"AdminComment": reason}
-            self.slurm.run("scontrol", "hold", str(job.job_id), check=False)
-            j.record(job.job_id, attempt, "hold", str(job.job_id), reason)
-            j.set_ft_state(job.job_id, policy.HELD)
-            log.warning("job %s: %s", job.job_id, reason)
-        else:
-            if fresh.state == "PENDING" and fresh.priority == 0:
-                # Slurm requeued it held (e.g. launch_failed_requeued_held after a prolog failure)
-                self.slurm.run("scontrol", "release", str(job.job_id), check=False)
-            if excluded:
-                fields["ExcNodeList"] = ",".join(excluded)
-            if self.cfg.failover.priority_boost:
-                fields["Priority"] = str(min(MAX_PRIORITY, max(self._top_priority, fresh.priority or 0)
-                                             + self.cfg.failover.priority_boost))
-        step = j.intend(job.job_id, attempt, "update", str(job.job_id),
-                        " ".join(f"{k}={v}" for k, v in fields.items()))
-        try:
-            self.slurm.update_job(job.job_id, **fields)
-            j.finish(step)
-        except SlurmCommandError as exc:
-            j.finish(step, "failed", str(exc))
-        j.upsert_job(job.job_id, excluded_nodes=",".join(excluded))
+        refused = steps.requeue_in_place(self.slurm, j, job.job_id, attempt)
+        if refused:
+            j.finish(aid, "failed", f"requeue refused: {refused}")
+            j.set_ft_state(job.job_id, policy.INTERNAL_ERROR)
+            log.error("job %s: requeue refused: %s", job.job_id, refused)
+            return
+        outcome = steps.exclude_and_boost(self.slurm, j, job.job_id, attempt, list(decision.blamed_nodes),
+                                          nodes=self._nodes, top=self._top_priority,
+                                          priority_boost=self.cfg.failover.priority_boost)
         j.finish(aid)
+        if outcome == "held":
+            log.warning("job %s: held: exclusions leave too few nodes", job.job_id)
+            return
         fresh = self.slurm.job(job.job_id)
-        if fresh is not None and j.job(job.job_id)["ft_state"] == policy.FAILOVER:
-            self._clear_requeue_delay(fresh)
-
-    def _blamed_so_far(self, job_id: int) -> list[str]:
-        return [a["target"] for a in self.journal.actions(job_id) if a["action"] == "drain" and a["target"]]
-
-    def _usable_nodes(self, job: Job, excluded: list[str]) -> int:
-        """Nodes of the job's partition that are not excluded (drained or down nodes count: an
-        admin may bring them back; an excluded one is never used by this job again)."""
-        part = job.raw.get("partition", "")
-        return sum(1 for n in self._nodes
-                   if not (part and n.raw.get("partitions") and part not in n.raw["partitions"])
-                   and n.name not in excluded)
+        if fresh is not None:
+            steps.clear_requeue_delay(self.slurm, j, fresh)
 
     def _drain(self, job: Job, attempt: int, decision: policy.Decision) -> None:
         if not self.cfg.failover.drain:
@@ -323,24 +281,6 @@ class Daemon:
                                     None if outcome == "drained" else f"{outcome}: {reason}")
             except SlurmCommandError as exc:
                 self.journal.finish(step, "failed", str(exc))
-
-    def _clear_requeue_delay(self, job: Job) -> bool:
-        """``StartTime=now`` while a failed-over job waits on Slurm's requeue delay (it only sticks
-        once the job has left COMPLETING, so this runs every cycle until the job is eligible).
-        Returns True once nothing is left to do."""
-        if job.completing:
-            return False
-        eligible = job.raw.get("eligible_time")
-        eligible = eligible.get("number") if isinstance(eligible, dict) else eligible
-        if eligible and eligible <= time.time() + 1:
-            if self.journal.job(job.job_id)["ft_state"] == policy.FAILOVER:
-                self.journal.set_ft_state(job.job_id, policy.REQUEUED)
-                self._try_update(job.job_id, AdminComment=f"{LEADER}{policy.REQUEUED}")
-            return True
-        step = self.journal.intend(job.job_id, job.restart_count, "start-now", str(job.job_id))
-        self.slurm.update_job(job.job_id, StartTime="now")
-        self.journal.finish(step)
-        return False
 
     def _try_update(self, job_id: int, **fields: str) -> None:
         try:
@@ -373,7 +313,7 @@ class Daemon:
             self.slurm.release(job.job_id)
         fields = {"StartTime": "now"}
         if self.cfg.failover.priority_boost:
-            fields["Priority"] = str(min(MAX_PRIORITY, self._top_priority + self.cfg.failover.priority_boost))
+            fields["Priority"] = str(min(steps.MAX_PRIORITY, self._top_priority + self.cfg.failover.priority_boost))
         self.slurm.update_job(job.job_id, **fields)
         self.journal.finish(aid, detail=f"released, ExcNodeList={','.join(excluded)}")
 
@@ -383,28 +323,3 @@ def _unavailable(node) -> bool:
     return any(s.startswith(u) for s in states for u in UNAVAILABLE)
 
 
-def _node_count(job: Job) -> int:
-    for key in ("node_count", "num_nodes"):
-        v = job.raw.get(key)
-        v = v.get("number") if isinstance(v, dict) else v
-        if isinstance(v, int) and v > 0:
-            return v
-    return max(1, len(_split_nodes(job.nodes)))
-
-
-def _split_nodes(expr: str) -> list[str]:
-    """Expand a hostlist expression (``n[1-3],gpu7``) into names."""
-    if not expr or expr in ("(null)", "None"):
-        return []
-    out: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", expr):
-        prefix, ranges = m.group(1), m.group(2)
-        if not ranges:
-            out.append(prefix)
-            continue
-        for part in ranges.split(","):
-            a, _, b = part.partition("-")
-            width = len(a)
-            for i in range(int(a), int(b or a) + 1):
-                out.append(f"{prefix}{i:0{width}d}")
-    return out

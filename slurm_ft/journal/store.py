@@ -108,6 +108,22 @@ class Journal:
             r["evidence"] = json.loads(r["evidence"] or "[]")
         return rows
 
+    def recent_xid_verdicts(self, since: float, *, limit: int = 1000, scan: int = 10000) -> list[dict]:
+        """Verdicts recorded at or after ``since`` (epoch seconds) that hold Xids, newest first:
+        ``[{job_id, attempt, node, created, xids}]`` (``xids`` decoded).  Bounded for the epilog:
+        only the ``scan`` newest verdict rows (a range of the integer primary key) are looked at
+        and at most ``limit`` are returned."""
+        sql = ("SELECT job_id, attempt, node, created, xids FROM verdicts"
+               " WHERE id > (SELECT COALESCE(MAX(id), 0) FROM verdicts) - ? AND created >= ?"
+               " AND xids IS NOT NULL AND xids NOT IN ('', '[]') ORDER BY id DESC LIMIT ?")
+        rows = self._guard(lambda: list(self.db.query(sql, [int(scan), float(since), int(limit)])))
+        for r in rows:
+            try:
+                r["xids"] = json.loads(r["xids"] or "[]")
+            except ValueError:
+                r["xids"] = []
+        return rows
+
     # -- actions -------------------------------------------------------------------------
     def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "") -> int:
         """Record an action about to be taken (status 'intent'); returns its id."""

@@ -1,0 +1,83 @@
+"""Count/window rules across jobs: this node's earlier Xids, from its journal.
+
+A rule such as "Xid 31 three times on the same GPU within 1 h → hardware" must also count the
+Xids that earlier jobs on this node saw: each job's epilog only reads the kernel log since its
+own start.  The epilog records every verdict (with its attributed Xids) in the node journal; when
+the current evidence holds an Xid some count rule counts, it reads back the verdicts recorded
+within the longest rule window (:meth:`slurm_ft.journal.Journal.recent_xid_verdicts`, bounded)
+and passes their Xids as :attr:`Evidence.prior_xids`.  Pure functions here; the epilog does the I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import EvidenceError
+from .model import PriorXid
+from .parse import normalise_bus_id, parse_xid
+from .policy import Policy
+
+#: Most journal verdict rows read back / looked at by the epilog (the query stays bounded).
+MAX_PRIOR_VERDICTS = 1000
+SCAN_VERDICTS = 10000
+#: Most prior Xid events passed to the classifier.
+MAX_PRIOR_XIDS = 5000
+
+
+def lookback_s(policy: Policy) -> float:
+    """How far back prior Xids can matter: the longest count-rule window (0 without rules)."""
+    return max((rule.window_s for rule in policy.counts), default=0.0)
+
+
+def _counted(policy: Policy) -> set[int]:
+    counted: set[int] = set()
+    for rule in policy.counts:
+        counted |= rule.xids
+    return counted
+
+
+def needs_history(kernel_lines: Iterable[str], policy: Policy) -> bool:
+    """Whether the kernel lines hold a GPU Xid (with a bus id) that some count rule counts: only
+    then can earlier Xids change the verdict, so only then does the epilog read its journal.
+    (Cheap: one lower-cased copy of the text, the Xid parser on the few lines naming an Xid.)"""
+    counted = _counted(policy)
+    if not counted:
+        return False
+    lines = list(kernel_lines)
+    if "xid" not in "\n".join(lines).lower():
+        return False
+    for line in lines:
+        if "xid" in line.lower():
+            hit = parse_xid(line.encode("utf-8", "replace"))
+            if hit is not None and hit.kind == "xid" and hit.bus_id and hit.xid in counted:
+                return True
+    return False
+
+
+def prior_xids(rows: Iterable[dict[str, Any]], *, exclude: tuple[int, int] | None = None,
+               limit: int = MAX_PRIOR_XIDS) -> tuple[PriorXid, ...]:
+    """Journal verdict rows (``{job_id, attempt, created, xids: [{xid, bus_id, kind, line}]}``)
+    -> :class:`PriorXid` tuples, GPU Xids with a bus id only, at most ``limit``.  ``exclude``
+    ``(job_id, attempt)`` skips the current job's own earlier record (an epilog run twice)."""
+    out: list[PriorXid] = []
+    for row in rows:
+        if exclude is not None and (row.get("job_id"), row.get("attempt")) == exclude:
+            continue
+        try:
+            when = float(row["created"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        for x in row.get("xids") or ():
+            if not isinstance(x, dict) or x.get("kind", "xid") != "xid" or not x.get("bus_id"):
+                continue
+            try:
+                xid = int(x["xid"])
+                bus = normalise_bus_id(str(x["bus_id"]))
+            except (KeyError, TypeError, ValueError, EvidenceError):
+                continue
+            hit = parse_xid(str(x.get("line") or "").encode("utf-8", "replace"))
+            out.append(PriorXid(when, xid, bus, hit.pid if hit is not None else None))
+            if len(out) >= limit:
+                return tuple(out)
+    return tuple(out)

@@ -1,0 +1,140 @@
+"""The Slurm steps of a failover, shared by the daemon and checkpoint-before-exit.
+
+Each step is journaled (intent, then done/failed) and idempotent against Slurm's own state, so it
+may be run again after a crash: the requeue happens only while Slurm's restart count still equals
+the attempt being failed over (never twice); exclusion and priority are plain assignments.
+Facts: shared/SLURM_LAB_NOTES.md ("Requeue, exclude, priority", measured on 22.05).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from ..drain import LEADER
+from ..errors import SlurmCommandError
+from ..slurm import Job
+from . import policy
+
+#: Highest priority ``scontrol update Priority=`` takes (priority is a uint32; 0xFFFFFFFF = infinite).
+MAX_PRIORITY = 4294967293
+
+
+def split_nodes(expr: str) -> list[str]:
+    """Expand a hostlist expression (``n[1-3],gpu7``) into names."""
+    if not expr or expr in ("(null)", "None"):
+        return []
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", expr):
+        prefix, ranges = m.group(1), m.group(2)
+        if not ranges:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            a, _, b = part.partition("-")
+            width = len(a)
+            for i in range(int(a), int(b or a) + 1):
+                out.append(f"{prefix}{i:0{width}d}")
+    return out
+
+
+def top_priority(jobs: list[Job]) -> int:
+    """Highest priority among pending and running jobs (the failed-over job goes above it)."""
+    return max((j.priority or 0 for j in jobs if j.state in ("PENDING", "RUNNING")), default=0)
+
+
+def node_count(job: Job) -> int:
+    """Nodes the job needs (``node_count``; 22.05 int, 24.11 ``{"number": n}``)."""
+    for key in ("node_count", "num_nodes"):
+        v = job.raw.get(key)
+        v = v.get("number") if isinstance(v, dict) else v
+        if isinstance(v, int) and v > 0:
+            return v
+    return max(1, len(split_nodes(job.nodes)))
+
+
+def usable_nodes(job: Job, nodes: list, excluded: list[str]) -> int:
+    """Nodes of the job's partition that are not excluded (drained or down nodes count: an admin
+    may bring them back; an excluded one is never used by this job again)."""
+    part = job.raw.get("partition", "")
+    return sum(1 for n in nodes
+               if not (part and n.raw.get("partitions") and part not in n.raw["partitions"])
+               and n.name not in excluded)
+
+
+def requeue_in_place(slurm, journal, job_id: int, attempt: int) -> str | None:
+    """``scontrol requeue`` (same job id, priority kept) unless Slurm already requeued this attempt.
+    Returns None on success (or nothing to do), else Slurm's refusal."""
+    fresh = slurm.job(job_id)
+    if fresh is None or fresh.restart_count != attempt or fresh.state == "PENDING":
+        return None
+    step = journal.intend(job_id, attempt, "requeue", str(job_id))
+    try:
+        slurm.requeue(job_id)
+    except SlurmCommandError as exc:
+        journal.finish(step, "failed", str(exc))
+        return str(exc)
+    journal.finish(step)
+    return None
+
+
+def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[str], *, nodes: list,
+                      top: int, priority_boost: int) -> str:
+    """After the requeue: ``ExcNodeList`` = every node blamed in any attempt, ``Priority`` above
+    every waiting job, ft state in ``AdminComment``; releases a job Slurm requeued held. If the
+    exclusions would leave too few nodes for the job, hold it instead with a clear reason.
+    Returns ``"requeued"`` or ``"held"``."""
+    fresh = slurm.job(job_id)
+    if fresh is None:
+        return "requeued"
+    blamed_before = [a["target"] for a in journal.actions(job_id) if a["action"] == "drain" and a["target"]]
+    excluded = sorted(set(split_nodes(fresh.excluded_nodes)) | set(blamed_before) | set(blamed))
+    usable, needed = usable_nodes(fresh, nodes, excluded), node_count(fresh)
+    outcome = "requeued"
+    if usable < needed:
+        reason = f"{LEADER} held: excluding {','.join(excluded)} leaves {usable} usable node(s), job needs {needed}"
+        slurm.run("scontrol", "hold", str(job_id), check=False)
+        journal.record(job_id, attempt, "hold", str(job_id), reason)
+        journal.set_ft_state(job_id, policy.HELD)
+        fields = {"AdminComment": reason}
+        outcome = "held"
+    else:
+        if fresh.state == "PENDING" and fresh.priority == 0:
+            # Slurm requeued it held (e.g. launch_failed_requeued_held after a prolog failure)
+            slurm.run("scontrol", "release", str(job_id), check=False)
+        fields = {"AdminComment": f"{LEADER}{policy.FAILOVER}"}
+        if excluded:
+            fields["ExcNodeList"] = ",".join(excluded)
+        if priority_boost:
+            fields["Priority"] = str(min(MAX_PRIORITY, max(top, fresh.priority or 0) + priority_boost))
+    step = journal.intend(job_id, attempt, "update", str(job_id), " ".join(f"{k}={v}" for k, v in fields.items()))
+    try:
+        slurm.update_job(job_id, **fields)
+        journal.finish(step)
+    except SlurmCommandError as exc:
+        journal.finish(step, "failed", str(exc))
+    journal.upsert_job(job_id, excluded_nodes=",".join(excluded))
+    return outcome
+
+
+def clear_requeue_delay(slurm, journal, job: Job) -> bool:
+    """``StartTime=now`` while a failed-over job waits on Slurm's requeue delay (it only sticks once
+    the job has left COMPLETING; call it every cycle until it returns True = job eligible).
+    Moves the ft state from failover-in-progress to requeued once the job is eligible."""
+    if job.completing:
+        return False
+    eligible = job.raw.get("eligible_time")
+    eligible = eligible.get("number") if isinstance(eligible, dict) else eligible
+    if eligible and eligible <= time.time() + 1:
+        row = journal.job(job.job_id)
+        if row is not None and row["ft_state"] == policy.FAILOVER:
+            journal.set_ft_state(job.job_id, policy.REQUEUED)
+            try:
+                slurm.update_job(job.job_id, AdminComment=f"{LEADER}{policy.REQUEUED}")
+            except SlurmCommandError:
+                pass
+        return True
+    step = journal.intend(job.job_id, job.restart_count, "start-now", str(job.job_id))
+    slurm.update_job(job.job_id, StartTime="now")
+    journal.finish(step)
+    return False
