@@ -68,6 +68,32 @@ def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, c
             click.echo(f"job {o.job_id}: left running ({o.detail})")
 
 
+@main.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "html"]), default="text", show_default=True,
+              help="Plain text, or an HTML page (all node reasons and evidence escaped).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to this file.")
+@click.option("--days", type=click.FloatRange(min=0, min_open=True), default=7.0, show_default=True,
+              help="Look-back window in days.")
+@click.option("--node-journals", metavar="GLOB", help="Also read these node journals for health-check trends.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
+def report(fmt: str, output: str | None, days: float, node_journals: str | None, config_path: str | None) -> None:
+    """Drain report for admins: nodes out of service and why, slurm-ft's drains, Xids and failed
+    health checks per node."""
+    from .report import collect, render
+    from .slurm import Slurm
+    try:
+        cfg = config_mod.load(config_path)
+        text = render(collect(cfg, Slurm.from_config(cfg), since_s=days * 86400, node_journals=node_journals), fmt)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+    if output:
+        with open(output, "w") as fh:
+            fh.write(text)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text)
+
+
 # ------------------------------------------------------------------------------------------ lab
 @main.group()
 def lab() -> None:
