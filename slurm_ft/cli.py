@@ -203,17 +203,11 @@ def lab_demo(lab_dir: str) -> None:
     sys.exit(0 if ok else 1)
 
 
-def _add_optional(module: str, attr: str) -> None:
-    """Sub-commands owned by sub-packages (classify, health)."""
-    import importlib
-    try:
-        main.add_command(getattr(importlib.import_module(module), attr))
-    except (ImportError, AttributeError):
-        pass
+from .classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
+from .health.cli import health_command  # noqa: E402
 
-
-_add_optional("slurm_ft.classify.cli", "classify_command")
-_add_optional("slurm_ft.health.cli", "health_command")
+main.add_command(classify_command)
+main.add_command(health_command)
 
 if __name__ == "__main__":
     main()

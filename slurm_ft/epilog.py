@@ -30,8 +30,9 @@ STDERR_TAIL_BYTES = 64 << 10
 def expand_output_pattern(pattern: str, job: NodeJob) -> str | None:
     """Expand the Slurm filename pattern of the job's output for this node.
 
-    Only the job-level escapes are expanded (``%j %J %A %u %N %n %t %%``, plus ``%x`` is not known
-    here: None is returned so we never guess a path).
+    Only the job-level escapes are expanded (``%j %J %A %u %N %n %t %%``, with zero-padding
+    widths such as ``%4j``); for any other (``%x``, the job name, is not known here) None is returned
+    so we never guess a path. Source: sbatch(1), "filename pattern".
     """
     if "%x" in pattern or "%a" in pattern:
         return None
@@ -52,7 +53,8 @@ def expand_output_pattern(pattern: str, job: NodeJob) -> str | None:
                 except KeyError:
                     return None
             elif key in subs:
-                out.append(subs[key])
+                width = int(pattern[i + 1:j] or 0)  # "%4j" zero-pads numbers to 4 digits
+                out.append(subs[key].zfill(width) if subs[key].isdigit() else subs[key])
             else:
                 return None
             i = j + 1

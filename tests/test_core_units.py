@@ -178,3 +178,14 @@ def test_scripts_exit_0_on_bad_env_or_config(module, tmp_path, capsys):
     env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "n1", "SLURM_FT_CONFIG": str(bad)}
     assert run(env) == 0
     assert "failover.retries" in capsys.readouterr().err
+
+
+def test_expand_output_pattern():
+    from slurm_ft.epilog import expand_output_pattern
+    job = NodeJob.from_env({"SLURM_JOB_ID": "12", "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0",
+                            "SLURM_JOB_WORK_DIR": "/home/u"})
+    assert expand_output_pattern("/out/%j.out", job) == "/out/12.out"
+    assert expand_output_pattern("slurm-%4j-%N.out", job) == "/home/u/slurm-0012-n1.out"
+    assert expand_output_pattern("/o/%u/%%j", job) == "/o/root/%j"
+    assert expand_output_pattern("/o/%x.out", job) is None      # job name unknown here: never guess
+    assert expand_output_pattern("/o/%q.out", job) is None

@@ -155,7 +155,7 @@ def test_bad_values_fail_at_submit(spank_lab, option, word):
     assert f"slurm_ft: {word}=" in proc.stderr
 
 
-def test_time_limit_signal_before_limit_and_save(spank_lab, slurm):
+def test_time_limit_signal_before_limit_and_save(spank_lab, slurm, ft_history):
     lab = spank_lab
     d = _workdir(lab)
     # --ft-ckpt-wait=5 -> cli_filter sets --signal=USR2@35: the signal comes 5..35 s before the limit
@@ -172,5 +172,7 @@ def test_time_limit_signal_before_limit_and_save(spank_lab, slurm):
     assert ack.state == "saved" and ack.attempt == 0
     final = slurm.wait_job(job_id, lambda j: j.ended, 120, 1.0)
     assert final.state == "TIMEOUT"
+    h = ft_history(job_id, lambda h: h["attempts"] and h["attempts"][0]["checkpoint"], 15)
+    assert h["attempts"][0]["checkpoint"]["result"] == "saved"
     assert final.end_time - final.start_time > at
     print(f"time-limit signal {at:.0f} s after start of a 60 s job")

@@ -82,7 +82,7 @@ def wait_acks(slurm: Slurm, journal, pending: dict[int, tuple[Job, jobspec.FtOpt
             if fresh and ack.state in ("saved", "failed"):
                 out = Outcome(job_id, job.restart_count, ack.state, ack.step, ack.path, t - t0)
                 journal.record(job_id, job.restart_count, "ckpt-ack", job.nodes,
-                               _ack_detail(ack), status="done" if ack.state == "saved" else "failed")
+                               ack_detail(ack), status="done" if ack.state == "saved" else "failed")
             elif cur is None or cur.ended or cur.restart_count != job.restart_count or cur.state == "PENDING":
                 out = Outcome(job_id, job.restart_count, "ended", waited_s=t - t0,
                               detail=f"job left RUNNING ({cur.state if cur else 'gone'}) during the wait")
@@ -101,7 +101,8 @@ def wait_acks(slurm: Slurm, journal, pending: dict[int, tuple[Job, jobspec.FtOpt
     return done
 
 
-def _ack_detail(ack: channel.Ack) -> str:
+def ack_detail(ack: channel.Ack) -> str:
+    """Journal text of an ack: ``saved step=120 path=/ckpt/120.pt``."""
     parts = [ack.state]
     if ack.step is not None:
         parts.append(f"step={ack.step}")

@@ -180,6 +180,7 @@ class Daemon:
         if job.state == "RUNNING" and state in (policy.FAILOVER, policy.REQUEUED):
             self.journal.set_ft_state(job.job_id, policy.RUNNING)
             return True
+        self._record_ckpt_ack(job)
         if not job.ended:
             return True
         if state in policy.FINAL_STATES or self._decided(job.job_id, attempt):
@@ -224,6 +225,23 @@ class Daemon:
             self._try_update(job.job_id, AdminComment=f"{LEADER}{decision.kind}")
             self.slurm.run("scontrol", "hold", str(job.job_id), check=False)
         return True
+
+    def _record_ckpt_ack(self, job: Job) -> None:
+        """Journal a checkpoint ack the job wrote into its comment (``slurm_ft.checkpoint``) for
+        this attempt, once: acks after Slurm's own ``--signal`` (time limit) reach the record this
+        way; acks awaited by ``slurm-ft drain --checkpoint`` are journaled there and not repeated."""
+        from ..checkpoint import channel
+        from ..checkpoint.evacuate import ack_detail
+
+        ack = channel.find(job.comment)
+        if ack is None or ack.attempt != job.restart_count or ack.state not in ("saved", "failed"):
+            return
+        detail = ack_detail(ack)
+        if any(a["action"] == "ckpt-ack" and a["detail"] == detail
+               for a in self.journal.actions(job.job_id, job.restart_count)):
+            return
+        self.journal.record(job.job_id, job.restart_count, "ckpt-ack", job.nodes, detail,
+                            status="done" if ack.state == "saved" else "failed")
 
     def _requeued_by_slurm(self, job: Job, row: dict) -> bool:
         """The job is pending again but slurm-ft did not requeue it: Slurm did (NODE_FAIL of a
