@@ -45,8 +45,11 @@ def daemon(once: bool, config_path: str | None, verbose: bool) -> None:
 @click.option("--reason", help="Drain reason (default: 'slurm-ft: drain --checkpoint by admin').")
 @click.option("--wait", "wait_s", type=click.IntRange(1, 3600),
               help="Wait at most this long for each job's ack (default: the job's --ft-ckpt-wait).")
+@click.option("--job", "only_jobs", type=click.IntRange(min=1), multiple=True,
+              help="With --checkpoint: evacuate only this job (repeatable; default: every ft job on NODE).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
-def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, config_path: str | None) -> None:
+def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, only_jobs: tuple[int, ...],
+          config_path: str | None) -> None:
     """Drain NODE (root, controller host); with --checkpoint, checkpoint-before-exit its ft-enabled
     jobs (signal every task, wait for the save) and requeue them excluding NODE."""
     from .checkpoint.evacuate import LEADER, drain as drain_with_reason, evacuate_node
@@ -60,7 +63,9 @@ def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, c
                 click.echo(f"{node}: {drain_with_reason(slurm, node, reason or f'{LEADER} drained by admin')}")
                 return
             outcomes = evacuate_node(slurm, journal, node, default_retries=cfg.failover.retries, reason=reason,
-                                     wait_s=wait_s, priority_boost=cfg.failover.priority_boost, log=click.echo)
+                                     wait_s=wait_s, priority_boost=cfg.failover.priority_boost,
+                                     only_jobs=list(only_jobs) or None,
+                                     why=f"node {node}: {reason}" if reason else None, log=click.echo)
     except SlurmFTError as exc:
         raise _fail(exc) from None
     for o in outcomes:

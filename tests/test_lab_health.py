@@ -65,3 +65,29 @@ def test_health_check_program_drains_and_auto_resumes(lab, slurm, tmp_path):
     slurm.drain("n2", "PSU swap, ticket 7")
     r = CliRunner().invoke(main, ["health", "--act", "--node", "n2", "--config", str(conf)], env=env)
     assert r.exit_code == 0 and "DRAIN" in slurm.show_node("n2")["State"]
+
+
+def test_degrading_gpu_under_running_job_checkpoints_and_moves_it(lab, slurm, ft_history):
+    import re
+
+    from click.testing import CliRunner
+
+    from slurm_ft.cli import main
+    from slurm_ft.lab.demo import ckpt_step, job_gpu_index, wait_for, wait_started
+    sub = submit_training(lab, steps=400, comment="ft:ckpt_wait=3")
+    first = wait_started(slurm, sub)
+    wait_for(lambda: ckpt_step(sub.ckpt) >= 5, 60, "checkpoint")
+    gpu = job_gpu_index(slurm, sub.job_id)
+    fake.set_gpu_field(str(lab.lay.inventory(first.nodes)), gpu, "row_remap_pending", "true")
+    # what HealthCheckProgram does on the busy node: the job is alive, the GPU is degrading
+    r = CliRunner().invoke(main, ["health", "--act", "--node", first.nodes],
+                           env={"SLURM_CONF": str(lab.lay.slurm_conf), "SLURM_FT_CONFIG": str(lab.lay.ft_conf)})
+    assert r.exit_code == 1
+    again = wait_started(slurm, sub, 1, timeout_s=60)
+    assert again.nodes != first.nodes
+    out = sub.out.read_text()
+    saved = [int(s) for s in re.findall(r"checkpoint at step (\d+) on signal", out)]
+    resumed = [int(s) for s in re.findall(r"resuming from step (\d+)", out)]
+    assert saved and resumed and resumed[-1] >= saved[0]
+    h = ft_history(sub.job_id, lambda h: len(h["attempts"]) >= 2 and h["attempts"][0]["checkpoint"])
+    assert h["attempts"][0]["checkpoint"]["result"] == "timeout"   # train.py saves but does not ack

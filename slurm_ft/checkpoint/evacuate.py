@@ -205,12 +205,15 @@ def drain(slurm: Slurm, node: str, reason: str) -> str:
 
 
 def evacuate_node(slurm: Slurm, journal, node: str, *, default_retries: int, reason: str | None = None,
-                  wait_s: float | None = None, priority_boost: int = 1000, log=lambda *_: None) -> list[Outcome]:
+                  wait_s: float | None = None, priority_boost: int = 1000, only_jobs: list[int] | None = None,
+                  why: str | None = None, log=lambda *_: None) -> list[Outcome]:
     """``slurm-ft drain NODE --checkpoint``: drain, then checkpoint-before-exit and requeue the
-    ft-enabled jobs running on ``node`` (excluding it). Other jobs keep running until they end."""
+    ft-enabled jobs running on ``node`` (or just ``only_jobs``), excluding it. Other jobs keep
+    running until they end."""
     reason = reason or f"{LEADER} drain --checkpoint by admin"
     log(f"{node}: {drain(slurm, node, reason)}")
-    jobs = [j for j in slurm.jobs() if j.state == "RUNNING" and node in split_nodes(j.nodes)]
-    return checkpoint_and_requeue(slurm, journal, jobs, exclude=[node], why=f"node {node} drained by admin",
+    jobs = [j for j in slurm.jobs() if j.state == "RUNNING" and node in split_nodes(j.nodes)
+            and (only_jobs is None or j.job_id in only_jobs)]
+    return checkpoint_and_requeue(slurm, journal, jobs, exclude=[node], why=why or f"node {node} drained by admin",
                                   default_retries=default_retries, wait_s=wait_s, priority_boost=priority_boost,
                                   log=log)

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
+import subprocess
+import sys
 import time
 
 from ..drain import LEADER, drain_node
@@ -89,6 +92,7 @@ class Daemon:
         by_id = {j.job_id: j for j in jobs}
         self._top_priority = steps.top_priority(jobs)
         self.reconcile(by_id)
+        self.evacuate_degraded(jobs)
         for job in jobs:
             snap = (job.state, tuple(job.flags), job.restart_count, job.nodes, job.priority, job.comment)
             if self._stable.get(job.job_id) == snap:
@@ -102,6 +106,49 @@ class Daemon:
                 log.error("job %s: %s", job.job_id, exc)
         for gone in set(self._stable) - set(by_id):
             del self._stable[gone]
+
+    def evacuate_degraded(self, jobs: list[Job]) -> None:
+        """A node slurm-ft drained for a failing health check while jobs still run on it (e.g.
+        ``slurm-ft health --act`` as HealthCheckProgram found a GPU degrading): checkpoint-before-exit
+        the ft jobs that hold the failing GPU (all of them for a node-level check), then requeue
+        them elsewhere. Runs ``slurm-ft drain NODE --checkpoint --job J`` as a child process so the
+        daemon's cycle never waits for a save (up to the job's --ft-ckpt-wait). Once per attempt."""
+        self._children = [c for c in getattr(self, "_children", []) if c.poll() is None]
+        for node in self._nodes:
+            failing = _health_drain(node)
+            if failing is None:
+                continue
+            check, gpu = failing
+            for job in jobs:
+                if job.state != "RUNNING" or node.name not in _split_nodes(job.nodes):
+                    continue
+                try:
+                    if not jobspec.from_job(job, self.cfg.failover.retries).enabled:
+                        continue
+                except ConfigError:
+                    continue
+                if gpu is not None and gpu not in self._job_gpus(job.job_id, node.name):
+                    continue
+                if any(a["action"] == "evacuate" for a in self.journal.actions(job.job_id, job.restart_count)):
+                    continue
+                self.journal.record(job.job_id, job.restart_count, "evacuate", node.name, node.reason)
+                log.info("job %s: %s degraded (%s): checkpoint-before-exit, then requeue", job.job_id, node.name, check)
+                argv = [sys.executable, "-m", "slurm_ft.cli", "drain", node.name, "--checkpoint", "--job",
+                        str(job.job_id), "--reason", node.reason]
+                if self.cfg.source:
+                    argv += ["--config", self.cfg.source]
+                self._children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True))
+
+    def _job_gpus(self, job_id: int, node: str) -> set[int]:
+        """GPU indices the job holds on ``node`` (``scontrol show job -d``: ``Nodes=n1 ... GRES=gpu:1(IDX:0)``)."""
+        out = self.slurm.run("scontrol", "show", "job", "-d", str(job_id), check=False).stdout
+        held: set[int] = set()
+        for m in re.finditer(r"Nodes=(\S+)\s.*?IDX:([\d,-]+)\)", out):
+            if node in _split_nodes(m.group(1)):
+                for part in m.group(2).split(","):
+                    a, _, b = part.partition("-")
+                    held.update(range(int(a), int(b or a) + 1))
+        return held
 
     def ingest_mailboxes(self, nodes) -> int:
         """Copy new verdict records from node mailbox fields into the journal; returns how many."""
@@ -334,6 +381,20 @@ class Daemon:
             fields["Priority"] = str(min(steps.MAX_PRIORITY, self._top_priority + self.cfg.failover.priority_boost))
         self.slurm.update_job(job.job_id, **fields)
         self.journal.finish(aid, detail=f"released, ExcNodeList={','.join(excluded)}")
+
+
+def _health_drain(node) -> tuple[str, int | None] | None:
+    """(check, GPU index or None) if slurm-ft drained ``node`` for a failing health check
+    (reason ``slurm-ft: <check>: [GPU<n> ]<measurement>``), else None."""
+    from ..health.config import CHECK_NAMES
+
+    if not node.drained or not node.reason.startswith(LEADER):
+        return None
+    check, sep, rest = node.reason[len(LEADER):].strip().partition(":")
+    if not sep or check not in CHECK_NAMES:
+        return None
+    m = re.search(r"\bGPU(\d+)\b", rest)
+    return check, int(m.group(1)) if m else None
 
 
 def _unavailable(node) -> bool:
