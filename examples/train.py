@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A tiny "training" job for the slurm-ft demo: counts steps, checkpoints every K steps and on
-SIGUSR1, resumes from its checkpoint when Slurm runs it again (requeue).
+its checkpoint signal (``$SLURM_FT_CKPT_SIGNUM``, default SIGUSR1), resumes from its checkpoint when Slurm runs it again (requeue).
 
 Checkpoints are fenced by attempt (``SLURM_RESTART_COUNT``): a stale copy of an older attempt
 (e.g. still running on a node Slurm lost) never overwrites a newer attempt's checkpoint.
@@ -55,7 +55,9 @@ def main():
         print(f"attempt {attempt} on {node} (GPU {gpus}): starting from step 0", flush=True)
 
     want_save = []
-    signal.signal(signal.SIGUSR1, lambda *_: want_save.append(True))
+    # the checkpoint signal chosen with `sbatch --ft-ckpt-signal` (SPANK), else SIGUSR1
+    signum = int(os.environ.get("SLURM_FT_CKPT_SIGNUM") or signal.SIGUSR1)
+    signal.signal(signum, lambda *_: want_save.append(True))
     while step < args.steps:
         time.sleep(args.step_time)
         step += 1

@@ -159,13 +159,18 @@ def lab_status(as_json: bool, lab_dir: str) -> None:
 
 @lab.command("inject-xid")
 @click.argument("node")
-@click.argument("xid", type=click.IntRange(0, 999))
+@click.argument("xid", type=click.IntRange(1, 999))
 @click.option("--gpu", type=click.IntRange(min=0), default=0, show_default=True, help="GPU index on the node.")
 @click.option("--no-kill", is_flag=True, help="Only write the kernel log line; leave the job running.")
-def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool) -> None:
+@_dir_option
+def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool, lab_dir: str) -> None:
     """Write a real-format NVRM Xid line for NODE's GPU into /dev/kmsg and kill the job processes
     on that GPU, as a lost GPU does."""
     from .lab.inject import inject_xid
+    nodes = _lab(lab_dir).nodes()
+    if node not in nodes:
+        raise click.BadParameter(f"{node!r} is not a node of the lab in {lab_dir} ({', '.join(nodes) or 'none'})",
+                                 param_hint="NODE")
     try:
         done = inject_xid(node, xid, gpu, kill=not no_kill)
     except SlurmFTError as exc:
@@ -181,7 +186,7 @@ def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool) -> None:
 @click.argument("assignments", nargs=-1, required=True)
 @_dir_option
 def lab_set_gpu(node: str, gpu: int, assignments: tuple[str, ...], lab_dir: str) -> None:
-    """Change a fake GPU's state: ``slurm-ft lab set-gpu n1 0 row_remap_pending=1``."""
+    """Change a fake GPU's state: slurm-ft lab set-gpu n1 0 row_remap_pending=1."""
     from .nvml import fake
     path = _lab(lab_dir).lay.inventory(node)
     if not path.exists():
@@ -192,8 +197,34 @@ def lab_set_gpu(node: str, gpu: int, assignments: tuple[str, ...], lab_dir: str)
             if not sep:
                 raise click.UsageError(f"{a!r}: expected key=value")
             fake.set_gpu_field(str(path), gpu, key, value)
+            click.echo(f"{node} GPU{gpu}: {key}={value}")
     except SlurmFTError as exc:
         raise _fail(exc) from None
+
+
+@lab.command("env")
+@_dir_option
+def lab_env(lab_dir: str) -> None:
+    """Print the shell exports that point Slurm's commands and slurm-ft at the lab:
+    eval "$(.venv/bin/slurm-ft lab env)"."""
+    import shlex
+    lay = _lab(lab_dir).lay
+    click.echo(f"export SLURM_CONF={shlex.quote(str(lay.slurm_conf))}")
+    click.echo(f"export SLURM_FT_CONFIG={shlex.quote(str(lay.ft_conf))}")
+
+
+@lab.command("reset")
+@_dir_option
+def lab_reset(lab_dir: str) -> None:
+    """Cancel the lab's jobs, resume every drained node, make every fake GPU healthy again."""
+    from .lab.demo import reset_nodes
+    from .slurm import Slurm
+    lab_ = _lab(lab_dir)
+    try:
+        reset_nodes(lab_, Slurm(conf=str(lab_.lay.slurm_conf)))
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+    click.echo("lab reset: no jobs, every node idle, every GPU healthy")
 
 
 @lab.command("demo")

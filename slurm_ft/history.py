@@ -27,9 +27,11 @@ def history(journal, job_id: int) -> dict:
     numbers = set(recorded) | {v["attempt"] for v in journal.verdicts(job_id)} | \
         {x["attempt"] for x in journal.actions(job_id)}
     for n in sorted(numbers):
-        a = recorded.get(n) or {"attempt": n, "nodes": None, "start": None, "end": None, "state": "NOT_STARTED",
-                                "exit_code": None, "signal": None}
         verdicts = journal.verdicts(job_id, n)
+        refused = any(v["rule"].startswith("health:") for v in verdicts)
+        a = recorded.get(n) or {"attempt": n, "nodes": None, "start": None, "end": None,
+                                "state": "PROLOG_REFUSED" if refused else "NOT_STARTED",
+                                "exit_code": None, "signal": None}
         actions = [x for x in journal.actions(job_id, n) if x["status"] != "intent"]
         if a["nodes"] is None and verdicts:
             a["nodes"] = ",".join(sorted({v["node"] for v in verdicts}))
@@ -89,7 +91,9 @@ def _summarise(actions: list[dict]) -> str:
         elif x["action"] in ("requeue", "release") and x["status"] == "done":
             parts.append(x["action"])
         elif x["action"] == "decide":
-            parts.append(x["detail"].split(":")[0])
+            parts.append(x["detail"])  # e.g. "internal-error: not a hardware fault: xid-13 on n2"
+        elif x["action"] == "ckpt-timeout":
+            parts.append("checkpoint wait expired")
         elif x["status"] == "failed":
             parts.append(f"{x['action']} failed")
     return ", ".join(parts) or "-"
@@ -106,7 +110,8 @@ def render_table(h: dict) -> str:
              _ckpt_cell(a.get("checkpoint")), a["action"])
             for a in h["attempts"]]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = [f"Job {h['job_id']} ({h['name']}): ft state {h['ft_state']}, retries {h['retries']}"]
+    budget = f", retries {h['retries']}" if h["retries"] is not None else ""
+    lines = [f"Job {h['job_id']} ({h['name'] or '-'}): ft state {h['ft_state']}{budget}"]
     for r in [head, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return "\n".join(lines)
@@ -115,13 +120,17 @@ def render_table(h: dict) -> str:
 @click.command(name="ft-history")
 @click.option("-j", "--jobs", "job_id", type=click.IntRange(min=1), required=True, help="Job id to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal file (default: config).")
-def command(job_id: int, as_json: bool, journal_path: str | None) -> None:
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
+              help="Journal file (default: [journal] path of the config).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Config file (default: $SLURM_FT_CONFIG, slurm-ft.toml beside $SLURM_CONF, "
+                   "/etc/slurm-ft/slurm-ft.toml).")
+def command(job_id: int, as_json: bool, journal_path: str | None, config_path: str | None) -> None:
     """Show a fault-tolerant job's retry chain: one row per attempt (nodes, times, Slurm state,
-    verdict, Xids, what slurm-ft did)."""
+    verdict, Xids, what slurm-ft did). Reads the journal only."""
     try:
-        path = journal_path or config_mod.load().journal.path
-        with open_journal(path) as journal:
+        path = journal_path or config_mod.load(config_path).journal.path
+        with open_journal(path, readonly=True) as journal:
             h = history(journal, job_id)
     except SlurmFTError as exc:
         raise click.ClickException(str(exc)) from None

@@ -48,3 +48,27 @@ def test_newer_schema_is_refused(tmp_path):
     conn.close()
     with pytest.raises(JournalError, match="newer"):
         open_journal(p)
+
+
+def test_readers_never_create_or_write_a_journal(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_ft.history import command
+    missing = tmp_path / "typo.db"
+    r = CliRunner().invoke(command, ["-j", "1", "--journal", str(missing)])
+    assert r.exit_code == 1 and "no journal here" in r.output and not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    r = CliRunner().invoke(command, ["-j", "1", "--journal", str(empty)])
+    assert r.exit_code == 1 and empty.stat().st_size == 0
+    assert "Traceback" not in r.output
+
+
+def test_inject_xid_refuses_unknown_nodes(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_ft.cli import main
+    r = CliRunner().invoke(main, ["lab", "inject-xid", "n9", "79", "--dir", str(tmp_path)])
+    assert r.exit_code == 2 and "not a node of the lab" in r.output
+    r = CliRunner().invoke(main, ["lab", "inject-xid", "n1", "0", "--dir", str(tmp_path)])
+    assert r.exit_code == 2

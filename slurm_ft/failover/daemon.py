@@ -94,7 +94,7 @@ class Daemon:
         self.reconcile(by_id)
         self.evacuate_degraded(jobs)
         for job in jobs:
-            snap = (job.state, tuple(job.flags), job.restart_count, job.nodes, job.priority, job.comment)
+            snap = (job.state, tuple(job.flags), job.reason, job.restart_count, job.nodes, job.priority, job.comment)
             if self._stable.get(job.job_id) == snap:
                 continue
             try:
@@ -215,7 +215,10 @@ class Daemon:
                                     ft_state=policy.RUNNING, excluded_nodes="")
             row = self.journal.job(job.job_id)
         attempt = job.restart_count
-        if job.state != "PENDING":
+        self.journal.close_attempts_before(job.job_id, attempt)
+        ran = (job.state == "RUNNING" and job.reason != "Prolog") or job.ended
+        if ran or (job.state != "PENDING" and self.journal.has_attempt(job.job_id, attempt)):
+            # an attempt a prolog refused never ran: it is on record through its verdict only
             self.journal.upsert_attempt(job.job_id, attempt, nodes=job.nodes or None, start=job.start_time,
                                         end=job.end_time if job.ended else None, exit_code=job.exit_code,
                                         signal=job.exit_signal, state=job.state)

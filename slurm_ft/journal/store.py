@@ -15,26 +15,36 @@ from ..errors import JournalError
 from . import migrations
 
 
-def open_journal(path: str | os.PathLike) -> "Journal":
-    """Open (creating and migrating if needed) the journal at ``path``.
+def open_journal(path: str | os.PathLike, *, readonly: bool = False) -> "Journal":
+    """Open (creating and migrating if needed) the journal at ``path``; with ``readonly`` (readers
+    such as ft-history and the report) open an existing journal without writing anything.
 
-    Raises :class:`JournalError` if the file is not a SQLite database, is corrupted, or was
-    written by a newer slurm-ft (unknown migrations).
+    Raises :class:`JournalError` if the file is missing (readonly), not a SQLite database, not a
+    slurm-ft journal, corrupted, or written by a newer slurm-ft (unknown migrations).
     """
-    return Journal(path)
+    return Journal(path, readonly=readonly)
 
 
 class Journal:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False):
         self.path = Path(path)
+        if readonly and not self.path.is_file():
+            raise JournalError(f"{self.path}: no journal here (check [journal] path or --journal)")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None)
+            if readonly:
+                conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0,
+                                       isolation_level=None)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None)
             self.db = sqlite_utils.Database(conn)
             conn.execute("PRAGMA busy_timeout = 10000")
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                self.db.enable_wal()
-            migrations.apply(self.db)
+            if not readonly:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    self.db.enable_wal()
+                migrations.apply(self.db)
+            elif "_migrations" not in self.db.table_names():
+                raise JournalError(f"{self.path}: not a slurm-ft journal")
             newer = {r[0] for r in conn.execute("SELECT name FROM _migrations")} - migrations.known()
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{self.path}: cannot open journal ({exc}); if it is corrupted, move it "
@@ -80,6 +90,16 @@ class Journal:
         row = {"job_id": job_id, "attempt": attempt, "updated": time.time(),
                **{k: v for k, v in fields.items() if v is not None}}
         self._guard(self.db["attempts"].upsert, row, pk=("job_id", "attempt"))
+
+    def has_attempt(self, job_id: int, attempt: int) -> bool:
+        return bool(list(self.db.query("SELECT 1 FROM attempts WHERE job_id = ? AND attempt = ?", [job_id, attempt])))
+
+    def close_attempts_before(self, job_id: int, attempt: int) -> None:
+        """Attempts before ``attempt`` still open (the daemon never saw them end: a lost node, a
+        requeue by Slurm or an admin) are closed as REQUEUED, now."""
+        self._guard(self.db.execute,
+                    "UPDATE attempts SET end = ?, state = 'REQUEUED', updated = ? "
+                    "WHERE job_id = ? AND attempt < ? AND end IS NULL", [time.time(), time.time(), job_id, attempt])
 
     def attempts(self, job_id: int) -> list[dict]:
         return list(self.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", [job_id]))

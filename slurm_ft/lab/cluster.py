@@ -238,6 +238,9 @@ class Lab:
                 and self._healthy(want)):
             log(f"lab already up in {self.lay.dir} ({', '.join(want)})")
             return self.status()
+        if any(p["alive"] for p in procs):
+            log(f"restarting the lab in {self.lay.dir} (it ran from {state.get('repo')} with nodes "
+                f"{','.join(state.get('nodes', []))}); its journals and job outputs go to {self.lay.dir}/archive/")
         if procs:
             self.down(log=lambda *_: None)
         self._fresh_files(want, log)
@@ -329,7 +332,7 @@ class Lab:
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o755)
         archive = d / "archive" / time.strftime("%Y%m%dT%H%M%S")
-        for keep in (self.lay.journal_dir, self.lay.jobs_dir):  # job ids restart with a fresh slurmctld
+        for keep in (self.lay.journal_dir, self.lay.jobs_dir, self.lay.log_dir):  # job ids restart at 1
             if keep.exists() and any(keep.iterdir()):
                 archive.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(keep), str(archive / keep.name))

@@ -130,9 +130,43 @@ local function ft_token(comment)
   return nil
 end
 
+-- A legacy "--comment=ft:key=value,..." token: the same limits as the plugin's options, so a
+-- typo is an error at submit time instead of a job silently running without fault tolerance.
+local function check_comment_token(token)
+  if token == "ft" then return nil end
+  for item in string.gmatch(string.sub(token, 4), "[^,]+") do
+    local k, v = string.match(item, "^([%w_]+)=(.*)$")
+    if k == "retries" then
+      if int_in(v, 0, 100) == nil then return "retries must be an integer 0..100 (0 = never requeue)" end
+    elseif k == "ckpt_signal" then
+      if v == nil or not SIGNALS[string.upper(string.gsub(v, "^[Ss][Ii][Gg]", ""))] then
+        return "ckpt_signal must be one of USR1 USR2 HUP INT TERM ALRM URG WINCH"
+      end
+    elseif k == "ckpt_wait" then
+      if int_in(v, 1, 3600) == nil then return "ckpt_wait must be whole seconds 1..3600" end
+    elseif k == "hang_timeout" then
+      local n = int_in(v, 0, 604800)
+      if n == nil or (n ~= 0 and n < 60) then return "hang_timeout must be 0 or 60..604800 s" end
+    else
+      return "unknown option '" .. tostring(k or item) .. "' (known: retries ckpt_signal ckpt_wait hang_timeout)"
+    end
+  end
+  return nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
   local ft = spank_values(job_desc)
-  if ft["FT"] ~= "1" then return slurm.SUCCESS end
+  if ft["FT"] ~= "1" then
+    local token = ft_token(job_desc.comment)
+    if token == nil then return slurm.SUCCESS end
+    local problem = check_comment_token(token)
+    if problem ~= nil then
+      slurm.log_user("slurm_ft: --comment=" .. token .. ": " .. problem)
+      return slurm.ERROR
+    end
+    job_desc.requeue = 1
+    return slurm.SUCCESS
+  end
   local retries = int_in(ft["FT_RETRIES"], 0, 100)
   local wait = int_in(ft["FT_CKPT_WAIT"], 1, 3600)
   local hang = int_in(ft["FT_HANG_TIMEOUT"], 0, 604800)

@@ -50,7 +50,7 @@ def collect(cfg, slurm, *, since_s: float = 7 * 86400, node_journals: str | None
             drained.append(NodeRow(n.name, "+".join([n.state, *n.flags]), n.reason,
                                    n.reason.startswith(LEADER), changed or None))
     data = ReportData(now, since, drained, [], defaultdict(Counter), Counter())
-    with open_journal(cfg.journal.path) as j:
+    with open_journal(cfg.journal.path, readonly=True) as j:
         data.drains = list(j.db.query(
             "SELECT job_id, attempt, target AS node, detail AS reason, status, created FROM actions "
             "WHERE action = 'drain' AND created >= ? ORDER BY created DESC", [since]))
@@ -65,7 +65,7 @@ def collect(cfg, slurm, *, since_s: float = 7 * 86400, node_journals: str | None
             data.notes.append(f"no node journal matches {node_journals}")
         for path in paths:
             try:
-                with open_journal(path) as nj:
+                with open_journal(path, readonly=True) as nj:
                     for r in nj.db.query("SELECT node, check_name FROM health WHERE status = 'fail' AND created >= ?",
                                          [since]):
                         data.health_fails.setdefault(r["node"], Counter())[r["check_name"]] += 1
