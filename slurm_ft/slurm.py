@@ -122,6 +122,18 @@ class Slurm:
         """``scontrol show node NODE -o`` as a dict (values are strings; ``Extra``/``Comment`` included)."""
         return parse_kv_line(self.run("scontrol", "show", "node", "-o", node).stdout)
 
+    def job_gpus(self, job_id: int) -> dict[str, set[int]]:
+        """GPU indices the job holds on each node: ``scontrol show job -d`` prints, per node group,
+        ``Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)``. {} when the job holds no GPU or is gone."""
+        out = self.run("scontrol", "show", "job", "-d", str(job_id), check=False).stdout
+        held: dict[str, set[int]] = {}
+        for m in re.finditer(r"Nodes=(\S+)\s.*?IDX:([\d,-]+)\)", out):
+            for node in split_nodes(m.group(1)):
+                for part in m.group(2).split(","):
+                    a, _, b = part.partition("-")
+                    held.setdefault(node, set()).update(range(int(a), int(b or a) + 1))
+        return held
+
     # -- actions --------------------------------------------------------------------
     def update_job(self, job_id: int, **fields: str) -> None:
         """``scontrol update JobId=J Key=Value...`` (values are passed as separate argv items)."""
@@ -152,6 +164,24 @@ class Slurm:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(interval_s)
+
+
+def split_nodes(expr: str) -> list[str]:
+    """Expand a Slurm hostlist expression (``n[1-3],gpu[07-08]``) into node names."""
+    if not expr or expr in ("(null)", "None"):
+        return []
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", expr):
+        prefix, ranges = m.group(1), m.group(2)
+        if not ranges:
+            out.append(prefix)
+            continue
+        for part in ranges.split(","):
+            a, _, b = part.partition("-")
+            width = len(a)
+            for i in range(int(a), int(b or a) + 1):
+                out.append(f"{prefix}{i:0{width}d}")
+    return out
 
 
 def parse_kv_line(text: str) -> dict[str, str]:

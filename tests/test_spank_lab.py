@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.failover.steps import split_nodes
+from slurm_ft.slurm import split_nodes
 
 from slurm_ft import config as config_mod
 from slurm_ft.checkpoint import channel

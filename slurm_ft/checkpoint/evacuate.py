@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from ..drain import LEADER, drain_node
 from ..errors import ConfigError, SlurmCommandError
 from ..failover import jobspec, policy, steps
-from ..failover.steps import split_nodes
-from ..slurm import Job, Slurm
+from ..slurm import Job, Slurm, split_nodes
 from . import channel
 
 #: An ack may carry a time a little before the notify (clocks of nodes and controller differ).

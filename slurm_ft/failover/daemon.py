@@ -31,7 +31,7 @@ from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..journal import open_journal
 from ..slurm import Job, Slurm
 from . import jobspec, mailbox, policy, steps
-from .steps import split_nodes as _split_nodes
+from ..slurm import split_nodes as _split_nodes
 
 log = logging.getLogger("slurm_ft.daemon")
 #: Rule ids of prolog health-check verdicts (``health:<check>``).
@@ -66,6 +66,8 @@ class Daemon:
         self._stable: dict[int, tuple] = {}   # job id -> snapshot of a job needing no attention
         self._top_priority = 0
         self._nodes: list = []
+        self._children: list[subprocess.Popen] = []               # evacuations in progress
+        self._gpus: dict[tuple[int, int], dict[str, set[int]]] = {}  # (job, attempt) -> node -> GPUs
 
     # ------------------------------------------------------------------ loop
     def run(self, once: bool = False) -> None:
@@ -106,6 +108,7 @@ class Daemon:
                 log.error("job %s: %s", job.job_id, exc)
         for gone in set(self._stable) - set(by_id):
             del self._stable[gone]
+        self._gpus = {k: v for k, v in self._gpus.items() if k[0] in by_id}
 
     def evacuate_degraded(self, jobs: list[Job]) -> None:
         """A node slurm-ft drained for a failing health check while jobs still run on it (e.g.
@@ -113,7 +116,7 @@ class Daemon:
         the ft jobs that hold the failing GPU (all of them for a node-level check), then requeue
         them elsewhere. Runs ``slurm-ft drain NODE --checkpoint --job J`` as a child process so the
         daemon's cycle never waits for a save (up to the job's --ft-ckpt-wait). Once per attempt."""
-        self._children = [c for c in getattr(self, "_children", []) if c.poll() is None]
+        self._children = [c for c in self._children if c.poll() is None]
         for node in self._nodes:
             failing = _health_drain(node)
             if failing is None:
@@ -127,9 +130,9 @@ class Daemon:
                         continue
                 except ConfigError:
                     continue
-                if gpu is not None and gpu not in self._job_gpus(job.job_id, node.name):
-                    continue
                 if any(a["action"] == "evacuate" for a in self.journal.actions(job.job_id, job.restart_count)):
+                    continue
+                if gpu is not None and gpu not in self._job_gpus(job, node.name):
                     continue
                 self.journal.record(job.job_id, job.restart_count, "evacuate", node.name, node.reason)
                 log.info("job %s: %s degraded (%s): checkpoint-before-exit, then requeue", job.job_id, node.name, check)
@@ -139,16 +142,12 @@ class Daemon:
                     argv += ["--config", self.cfg.source]
                 self._children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True))
 
-    def _job_gpus(self, job_id: int, node: str) -> set[int]:
-        """GPU indices the job holds on ``node`` (``scontrol show job -d``: ``Nodes=n1 ... GRES=gpu:1(IDX:0)``)."""
-        out = self.slurm.run("scontrol", "show", "job", "-d", str(job_id), check=False).stdout
-        held: set[int] = set()
-        for m in re.finditer(r"Nodes=(\S+)\s.*?IDX:([\d,-]+)\)", out):
-            if node in _split_nodes(m.group(1)):
-                for part in m.group(2).split(","):
-                    a, _, b = part.partition("-")
-                    held.update(range(int(a), int(b or a) + 1))
-        return held
+    def _job_gpus(self, job: Job, node: str) -> set[int]:
+        """GPU indices the job holds on ``node``; asked of Slurm once per attempt."""
+        key = (job.job_id, job.restart_count)
+        if key not in self._gpus:
+            self._gpus[key] = self.slurm.job_gpus(job.job_id)
+        return self._gpus[key].get(node, set())
 
     def ingest_mailboxes(self, nodes) -> int:
         """Copy new verdict records from node mailbox fields into the journal; returns how many."""

@@ -8,34 +8,15 @@ Facts: shared/SLURM_LAB_NOTES.md ("Requeue, exclude, priority", measured on 22.0
 
 from __future__ import annotations
 
-import re
 import time
 
 from ..drain import LEADER
 from ..errors import SlurmCommandError
-from ..slurm import Job
+from ..slurm import Job, split_nodes
 from . import policy
 
 #: Highest priority ``scontrol update Priority=`` takes (priority is a uint32; 0xFFFFFFFF = infinite).
 MAX_PRIORITY = 4294967293
-
-
-def split_nodes(expr: str) -> list[str]:
-    """Expand a hostlist expression (``n[1-3],gpu7``) into names."""
-    if not expr or expr in ("(null)", "None"):
-        return []
-    out: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", expr):
-        prefix, ranges = m.group(1), m.group(2)
-        if not ranges:
-            out.append(prefix)
-            continue
-        for part in ranges.split(","):
-            a, _, b = part.partition("-")
-            width = len(a)
-            for i in range(int(a), int(b or a) + 1):
-                out.append(f"{prefix}{i:0{width}d}")
-    return out
 
 
 def top_priority(jobs: list[Job]) -> int:

@@ -62,12 +62,11 @@ def wait_started(slurm: Slurm, sub: Submitted, attempt: int = 0, timeout_s: floa
 
 
 def job_gpu_index(slurm: Slurm, job_id: int) -> int:
-    """The GPU index the job holds on its node (``scontrol show job -d``: ``GRES=gpu:1(IDX:0)``)."""
-    info = slurm.run("scontrol", "show", "job", "-d", str(job_id)).stdout
-    m = re.search(r"IDX:(\d+)", info)
-    if not m:
-        raise LabError(f"job {job_id} holds no GPU:\n{info}")
-    return int(m.group(1))
+    """The (first) GPU index the job holds on its (first) node."""
+    held = slurm.job_gpus(job_id)
+    if not held:
+        raise LabError(f"job {job_id} holds no GPU")
+    return min(next(iter(held.values())))
 
 
 def ckpt_step(path: Path) -> int:

@@ -186,6 +186,20 @@ def read(path: str) -> dict[str, Any]:
     return normalise(doc, source=path)
 
 
+def _load_for_update(path: str) -> dict[str, Any]:
+    """The inventory as stored (validated, not normalised), for a read-modify-write.
+    Raises :class:`ConfigError` when it is missing, not JSON or not a valid inventory."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: inventory not found") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+    normalise(doc, source=path)
+    return doc
+
+
 def _atomic_write(path: str, doc: dict[str, Any]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".inventory-", suffix=".tmp", dir=directory)
@@ -243,14 +257,7 @@ def set_gpu_field(path: str, gpu_index: int, key: str, value: str) -> None:
         raise ConfigError(f"unknown GPU key {key!r} (known: {known})")
     parsed = parse_value(key, field, value)
     with _locked(path):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: inventory not found") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-        normalise(doc, source=path)
+        doc = _load_for_update(path)
         for pos, gpu in enumerate(doc.get("gpus", [])):
             if gpu.get("index", pos) == gpu_index:
                 gpu[key] = parsed
@@ -271,13 +278,6 @@ def set_node_field(path: str, key: str, value: str) -> None:
         raise ConfigError(f"unknown node key {key!r} (known: {', '.join(k for k in NODE_FIELD if k != 'node')})")
     parsed = parse_value(key, field, value)
     with _locked(path):
-        try:
-            with open(path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: inventory not found") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-        normalise(doc, source=path)
+        doc = _load_for_update(path)
         doc[key] = parsed
         _atomic_write(path, doc)
