@@ -105,8 +105,11 @@ class Slurm:
         return None
 
     def nodes(self) -> list["Node"]:
-        """Every node as sinfo reports it (one entry per node)."""
+        """Every node, one entry each: ``sinfo --json`` lists nodes on 22.05; from 23.02 it lists
+        partition/state groups instead, and ``scontrol show nodes --json`` lists nodes."""
         data = self._json("sinfo", "--Node")
+        if "nodes" not in data:
+            data = self._json("scontrol", "show", "nodes")
         seen: dict[str, Node] = {}
         for n in data.get("nodes", []):
             node = Node.from_json(n)

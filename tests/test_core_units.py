@@ -189,3 +189,23 @@ def test_expand_output_pattern():
     assert expand_output_pattern("/o/%u/%%j", job) == "/o/root/%j"
     assert expand_output_pattern("/o/%x.out", job) is None      # job name unknown here: never guess
     assert expand_output_pattern("/o/%q.out", job) is None
+
+
+def test_nodes_fall_back_to_scontrol_json_on_newer_slurm():
+    """23.02+ ``sinfo --json`` groups nodes by partition/state; ``scontrol show nodes --json`` lists them."""
+    import json
+    import subprocess
+
+    from slurm_ft.slurm import Slurm
+
+    class Canned(Slurm):
+        def run(self, cmd, *args, **kw):
+            if cmd == "sinfo":
+                out = {"sinfo": [{"nodes": {"nodes": ["n1"]}, "node": {"state": ["IDLE", "DRAIN"]}}]}
+            else:
+                out = {"nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"], "reason": "slurm-ft: x",
+                                  "extra": "slurm-ft/1;", "partitions": ["gpu"]}]}
+            return subprocess.CompletedProcess([cmd], 0, json.dumps(out), "")
+
+    (n,) = Canned().nodes()
+    assert n.name == "n1" and n.drained and n.reason == "slurm-ft: x" and n.extra == "slurm-ft/1;"
