@@ -2,7 +2,7 @@
 # Installs what slurm-ft's lab, demo and tests need on a Debian 12/13 machine, as root.
 # Run by `make setup` (and so by `make demo` / `make test`). Idempotent: installs only what is missing.
 set -eu
-PKGS="slurmctld slurmd slurm-client munge libslurm-dev lua5.3 liblua5.3-0 gcc make python3 python3-venv procps iproute2 util-linux"
+PKGS="slurmctld slurmd slurm-client munge libslurm-dev gcc make python3 python3-venv procps iproute2 util-linux"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -228,6 +228,7 @@ class Daemon:
             return steps.clear_requeue_delay(self.slurm, self.journal, job)
         if job.state == "RUNNING" and state in (policy.FAILOVER, policy.REQUEUED):
             self.journal.set_ft_state(job.job_id, policy.RUNNING)
+            self._try_update(job.job_id, AdminComment=f"{LEADER}{policy.RUNNING} (attempt {attempt})")
             return True
         self._record_ckpt_ack(job)
         if not job.ended:
