@@ -104,8 +104,10 @@ class Daemon:
                     self._stable[job.job_id] = snap
                 else:
                     self._stable.pop(job.job_id, None)
-            except SlurmCommandError as exc:
+            except SlurmFTError as exc:
                 log.error("job %s: %s", job.job_id, exc)
+            except Exception:  # a bug with one job must not stop failover for every other job
+                log.exception("job %s: internal error (retried next cycle)", job.job_id)
         for gone in set(self._stable) - set(by_id):
             del self._stable[gone]
         self._gpus = {k: v for k, v in self._gpus.items() if k[0] in by_id}
