@@ -103,6 +103,15 @@ def _int(where: str, value: Any, low: int | None = None) -> int:
     return value
 
 
+def _check_table(where: str, spec, known) -> None:
+    """``spec`` must be a TOML table whose keys are all in ``known``; else ConfigError naming the key."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: must be a table")
+    for key in spec:
+        if key not in known:
+            raise ConfigError(f"unknown key {where}.{key} (known: {', '.join(sorted(known))})")
+
+
 def from_config(table: dict[str, Any]) -> Policy:
     """Validate the ``[classify]`` TOML table and return the resulting policy.
 
@@ -127,11 +136,7 @@ def from_config(table: dict[str, Any]) -> Policy:
             raise ConfigError(f"{where}: Xid must be a number") from None
         if not 0 < code < 1_000_000:
             raise ConfigError(f"{where}: Xid out of range")
-        if not isinstance(spec, dict):
-            raise ConfigError(f"{where}: must be a table")
-        for key in spec:
-            if key not in _XID_KEYS:
-                raise ConfigError(f"unknown key {where}.{key} (known: {', '.join(sorted(_XID_KEYS))})")
+        _check_table(where, spec, _XID_KEYS)
         row = base.xid_row(code)
         cls, action = _cls_action(where, spec, row.cls, row.action)
         rank = _int(f"{where}.rank", spec["rank"], 0) if "rank" in spec else (
@@ -154,11 +159,7 @@ def from_config(table: dict[str, Any]) -> Policy:
         where = f"classify.signature.{sid}"
         if sid not in known_ids:
             raise ConfigError(f"{where}: no signature row with this id")
-        if not isinstance(spec, dict):
-            raise ConfigError(f"{where}: must be a table")
-        for key in spec:
-            if key not in _SIG_KEYS:
-                raise ConfigError(f"unknown key {where}.{key} (known: {', '.join(sorted(_SIG_KEYS))})")
+        _check_table(where, spec, _SIG_KEYS)
         i = next(i for i, s in enumerate(sigs) if s.id == sid)
         cls, action = _cls_action(where, spec, sigs[i].cls, sigs[i].action)
         prio = _int(f"{where}.priority", spec["priority"], 0) if "priority" in spec else sigs[i].priority
