@@ -45,8 +45,6 @@ class FailoverConfig:
     drain: bool = True
     #: Seconds between daemon cycles.
     poll_interval_s: float = 0.5
-    #: Seconds to wait for a requeued job to leave COMPLETING before ``StartTime=now``.
-    completing_timeout_s: float = 60.0
     #: Node field used as the per-node verdict mailbox (see docs/architecture.md).
     mailbox_field: str = "Extra"
     #: Verdict records kept per node mailbox (oldest dropped first).

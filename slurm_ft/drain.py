@@ -9,6 +9,17 @@ SLURM_REASONS = ("Not responding", "Prolog error", "Epilog error", "Kill task fa
                  "batch job complete failure", "Prolog failed", "Epilog failed", "Job credential expired")
 
 
+def drain_reason(job_id: int, verdict: dict) -> str:
+    """``slurm-ft: Xid 79 on 0000:10:00 (job 12)``-style reason for a verdict (a dict with ``xids``
+    and ``rule``, as ``Verdict.to_dict()`` or the journal gives it)."""
+    xids = verdict.get("xids") or []
+    if xids:
+        x = xids[0]
+        where = f" on {x['bus_id']}" if x.get("bus_id") else ""
+        return f"{LEADER} Xid {x['xid']}{where} (job {job_id})"
+    return f"{LEADER} {verdict.get('rule', 'fault')} (job {job_id})"
+
+
 def drain_node(slurm, node: str, reason: str) -> str:
     """Drain ``node`` with ``reason`` (must start with ``slurm-ft:``).
 

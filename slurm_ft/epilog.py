@@ -184,15 +184,12 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
     if d["action"] == "drain_node" and cfg.failover.drain:
         # Drain before the epilog ends: the job's resources are freed right after, and the
         # scheduler must not hand the sick GPU to the next job in the meantime.
-        from .drain import drain_node
-        from .failover.daemon import drain_reason
+        from .drain import drain_node, drain_reason
         log(f"drain: {drain_node(slurm, job.node, drain_reason(job.job_id, d))}")
     if d["verdict"] == "ok":
         return
-    rec = mailbox.new_record(job.job_id, job.attempt, d["verdict"], d["rule"],
-                             [(x["xid"], x.get("bus_id") or "") for x in d["xids"]], job.exit_code)
-    mailbox.publish(slurm, job.node, rec, field=cfg.failover.mailbox_field,
-                    keep=cfg.failover.mailbox_keep, lock_dir=cfg.node_state.dir)
+    mailbox.post(cfg, slurm, job.node, job.job_id, job.attempt, d["verdict"], d["rule"],
+                 [(x["xid"], x.get("bus_id") or "") for x in d["xids"]], job.exit_code)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import click
 
 from . import config as config_mod
 from .errors import SlurmFTError
+from .failover import policy
 from .journal import open_journal
 
 
@@ -28,7 +29,7 @@ def history(journal, job_id: int) -> dict:
         {x["attempt"] for x in journal.actions(job_id)}
     for n in sorted(numbers):
         verdicts = journal.verdicts(job_id, n)
-        refused = any(v["rule"].startswith("health:") for v in verdicts)
+        refused = any(v["rule"].startswith(policy.HEALTH_RULE) for v in verdicts)
         a = recorded.get(n) or {"attempt": n, "nodes": None, "start": None, "end": None,
                                 "state": "PROLOG_REFUSED" if refused else "NOT_STARTED",
                                 "exit_code": None, "signal": None}

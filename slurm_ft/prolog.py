@@ -38,7 +38,7 @@ def health_gate(cfg, job: NodeJob, log) -> int:
     the node mailbox (it releases the job elsewhere at once) and return 1 so Slurm does not start
     the job here. A check that could not run is a fail (see slurm_ft.health); a broken config is
     logged and lets the job start (our bug must not take a node out of service)."""
-    from .failover import mailbox
+    from .failover import mailbox, policy
     from .health import run_checks, unhealthy
     from .health.actions import act_on_node, journal_results
     from .slurm import Slurm
@@ -55,9 +55,8 @@ def health_gate(cfg, job: NodeJob, log) -> int:
     slurm = Slurm.from_config(cfg)
     try:
         act_on_node(cfg, job.node, results, slurm, log)
-        rec = mailbox.new_record(job.job_id, job.attempt, "hardware", f"health:{failing[0].check}", [], None)
-        mailbox.publish(slurm, job.node, rec, field=cfg.failover.mailbox_field, keep=cfg.failover.mailbox_keep,
-                        lock_dir=cfg.node_state.dir)
+        mailbox.post(cfg, slurm, job.node, job.job_id, job.attempt, "hardware",
+                     f"{policy.HEALTH_RULE}{failing[0].check}")
     except SlurmFTError as exc:
         log(f"could not drain/report: {exc}")
     return 1

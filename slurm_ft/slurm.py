@@ -75,14 +75,6 @@ class Slurm:
             raise SlurmCommandError(f"{cmd} --json: unparsable output: {exc}") from None
 
     # -- queries --------------------------------------------------------------------
-    def version(self) -> tuple[int, int]:
-        """(major, minor) of the Slurm commands, e.g. (22, 5) or (24, 11)."""
-        out = self.run("sinfo", "--version").stdout
-        m = re.search(r"(\d+)\.(\d+)", out)
-        if not m:
-            raise SlurmCommandError(f"sinfo --version: unexpected output {out!r}")
-        return int(m.group(1)), int(m.group(2))
-
     def jobs(self) -> list["Job"]:
         """Every job slurmctld still knows (pending, running, and ended within MinJobAge)."""
         data = self._json("squeue", "--states=all")
@@ -115,11 +107,6 @@ class Slurm:
             node = Node.from_json(n)
             seen.setdefault(node.name, node)
         return list(seen.values())
-
-    def show_job(self, job_id: int) -> dict[str, str]:
-        """``scontrol show job -d -o`` as a dict (values are strings)."""
-        out = self.run("scontrol", "show", "job", "-d", "-o", str(job_id)).stdout
-        return parse_kv_line(out)
 
     def show_node(self, node: str) -> dict[str, str]:
         """``scontrol show node NODE -o`` as a dict (values are strings; ``Extra``/``Comment`` included)."""

@@ -110,11 +110,6 @@ def ack_detail(ack: channel.Ack) -> str:
     return " ".join(parts)
 
 
-def failovers_done(journal, job_id: int) -> int:
-    """Failovers already spent from the job's budget (the daemon counts the same journal rows)."""
-    return sum(1 for a in journal.actions(job_id) if a["action"] == "failover" and a["status"] == "done")
-
-
 def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: list[str], *, why: str,
             priority_boost: int = 1000, settle_s: float = 15.0) -> bool:
     """Requeue in place, excluding ``exclude``; False (journaled) when the budget is used up.
@@ -127,7 +122,7 @@ def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: l
     the daemon also clears the requeue delay each cycle.
     """
     attempt = job.restart_count
-    if failovers_done(journal, job.job_id) >= opts.retries:
+    if journal.failovers_done(job.job_id) >= opts.retries:
         journal.record(job.job_id, attempt, "requeue", str(job.job_id),
                        f"not requeued: retry budget {opts.retries} used up; the job runs on", status="skipped")
         return False

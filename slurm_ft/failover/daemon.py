@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from ..drain import LEADER, drain_node
+from ..drain import LEADER, drain_node, drain_reason
 from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..journal import open_journal
 from ..slurm import Job, Slurm
@@ -34,20 +34,8 @@ from . import jobspec, mailbox, policy, steps
 from ..slurm import split_nodes as _split_nodes
 
 log = logging.getLogger("slurm_ft.daemon")
-#: Rule ids of prolog health-check verdicts (``health:<check>``).
-HEALTH_RULE = "health:"
 #: Node states in which a node cannot take the job (sinfo --json, lower- or upper-case).
 UNAVAILABLE = ("down", "drain", "fail", "maint", "unknown", "not_responding", "inval", "future")
-
-
-def drain_reason(job_id: int, verdict: dict) -> str:
-    """``slurm-ft: Xid 79 on 0000:10:00 (job 12)``-style reason for a node's drain."""
-    xids = verdict.get("xids") or []
-    if xids:
-        x = xids[0]
-        where = f" on {x['bus_id']}" if x.get("bus_id") else ""
-        return f"{LEADER} Xid {x['xid']}{where} (job {job_id})"
-    return f"{LEADER} {verdict.get('rule', 'fault')} (job {job_id})"
 
 
 def signature(verdicts: list[dict]) -> tuple:
@@ -242,7 +230,7 @@ class Daemon:
     def _decide(self, job: Job, row: dict, attempt: int, slurm_state: str, requeued: bool = False) -> bool:
         verdicts = self.journal.verdicts(job.job_id, attempt)
         since_end = time.time() - (job.end_time or time.time()) if not requeued else 60.0
-        failovers = self._failovers_done(job.job_id)
+        failovers = self.journal.failovers_done(job.job_id)
         nodes = _split_nodes(job.nodes) or _split_nodes(self._attempt_nodes(job.job_id, attempt))
         decision = policy.decide(slurm_state=slurm_state, failovers_done=failovers, retries=row["retries"],
                                  verdicts=verdicts, job_nodes=nodes, seconds_since_end=since_end)
@@ -306,9 +294,6 @@ class Daemon:
             return True
         return self._decide(job, row, attempt, "NODE_FAIL" if down else "FAILED", requeued=True)
 
-    def _failovers_done(self, job_id: int) -> int:
-        return sum(1 for a in self.journal.actions(job_id) if a["action"] == "failover" and a["status"] == "done")
-
     def _attempt_nodes(self, job_id: int, attempt: int) -> str:
         return next((a["nodes"] or "" for a in self.journal.attempts(job_id) if a["attempt"] == attempt), "")
 
@@ -362,7 +347,7 @@ class Daemon:
     def _prolog_refused(self, job: Job) -> bool:
         """True (and handled) if the job is pending because a prolog health check refused a node."""
         attempt = job.restart_count - 1
-        health = [v for v in self.journal.verdicts(job.job_id, attempt) if v["rule"].startswith(HEALTH_RULE)]
+        health = [v for v in self.journal.verdicts(job.job_id, attempt) if v["rule"].startswith(policy.HEALTH_RULE)]
         if not health or any(a["action"] == "release" for a in self.journal.actions(job.job_id, attempt)):
             return False
         blamed = sorted({v["node"] for v in health})

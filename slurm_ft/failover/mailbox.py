@@ -97,5 +97,12 @@ def publish(slurm, node: str, record: Record, *, field: str = "Extra", keep: int
         slurm.update_node(node, **{field: render(records, keep)})
 
 
+def post(cfg, slurm, node: str, job_id: int, attempt: int, verdict: str, rule: str, xids=(),
+         exit_code: int | None = None) -> None:
+    """Publish a verdict for ``node`` with the config's mailbox settings (prolog and epilog)."""
+    publish(slurm, node, new_record(job_id, attempt, verdict, rule, xids, exit_code),
+            field=cfg.failover.mailbox_field, keep=cfg.failover.mailbox_keep, lock_dir=cfg.node_state.dir)
+
+
 def new_record(job_id: int, attempt: int, verdict: str, rule: str, xids, exit_code: int | None) -> Record:
     return Record(job_id, attempt, verdict, rule, tuple(xids), exit_code, time.time())

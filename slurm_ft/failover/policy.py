@@ -23,6 +23,8 @@ NOT_CONFIGURED = "not-configured"
 HELD = "held"
 FINAL_STATES = {INTERNAL_ERROR, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURED, HELD}
 
+#: Rule-id prefix of verdicts from a prolog health check that refused the node (``health:<check>``).
+HEALTH_RULE = "health:"
 #: Slurm job states after which a job is looked at for failover.
 FAILED_STATES = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 #: Verdict classes that fail a job over, and whether the node is blamed (drained, excluded).

@@ -173,6 +173,11 @@ class Journal:
             args.append(attempt)
         return list(self.db.query(sql + " ORDER BY id", args))
 
+    def failovers_done(self, job_id: int) -> int:
+        """Failovers spent from the job's retry budget (``failover`` actions done)."""
+        return self.db.execute("SELECT count(*) FROM actions WHERE job_id = ? AND action = 'failover' "
+                               "AND status = 'done'", [job_id]).fetchone()[0]
+
     def pending_intents(self) -> list[dict]:
         return list(self.db.query("SELECT * FROM actions WHERE status = 'intent' ORDER BY id"))
 
