@@ -32,15 +32,32 @@ class JournalConfig:
     path: str = "/var/lib/slurm-ft/journal.db"
     #: Each compute node's own journal; ``{node}`` is replaced by the Slurm node name.
     node_path: str = "/var/lib/slurm-ft/node-{node}.db"
+    #: Unix group allowed to read the daemon's journal (``ft-history`` for non-root users); ""
+    #: = root only. Node journals are always root-only (0600): they hold job output excerpts.
+    read_group: str = ""
 
 
 @dataclass(frozen=True)
 class FailoverConfig:
     #: Retries (requeues after a hardware verdict) per job unless the job asks otherwise.
     retries: int = 3
+    #: Site maximum for a job's own ``--ft-retries`` (larger requests are refused at submit by
+    #: job_submit.lua and clamped by the daemon).
+    max_retries: int = 10
+    #: Retries a job gets for verdicts that blame no node (``infra``, ``hang``, and ``unknown``
+    #: when output alone hinted at hardware but the trusted checks found nothing), counted in
+    #: its budget as well; 0 = such verdicts are never retried.
+    unblamed_retries: int = 1
+    #: Total run time (seconds, all attempts together) after which a job is no longer retried
+    #: for a verdict that blames no node; 0 = no bound. Stops a job from winning fresh time
+    #: limits by printing infra-looking lines.
+    unblamed_max_runtime_s: int = 86400
     #: A failed-over job gets a priority this far above the highest pending or running job
     #: (``scontrol update Priority=``), so it runs before jobs already waiting; 0 keeps Slurm's.
     priority_boost: int = 1000
+    #: Highest priority slurm-ft ever gives a job (0 = Slurm's maximum). A failed-over job goes
+    #: ``priority_boost`` above the highest job *not* boosted by slurm-ft, never above this.
+    priority_ceiling: int = 0
     #: Drain the node blamed by a hardware verdict.
     drain: bool = True
     #: Seconds between daemon cycles.
@@ -52,6 +69,17 @@ class FailoverConfig:
     #: ``slurm-ft health --act`` (HealthCheckProgram) resumes a node slurm-ft drained once every
     #: check passes. Off by default: an admin decides when a drained node comes back.
     auto_resume: bool = False
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    """Circuit breaker on node actions: slurm-ft never takes more than ``max_nodes`` nodes, nor
+    more than ``max_fraction`` of a partition's nodes, out of service by itself within
+    ``window_s`` seconds. Past that it stops draining (jobs still fail over, without a drain),
+    says so loudly (log, report, AdminComment) and stays open until ``slurm-ft breaker reset``."""
+    max_nodes: int = 8
+    max_fraction: float = 0.1
+    window_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,7 @@ class NodeStateConfig:
 class Config:
     journal: JournalConfig = field(default_factory=JournalConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
     node_state: NodeStateConfig = field(default_factory=NodeStateConfig)
@@ -102,6 +131,7 @@ class Config:
 _SECTIONS = {
     "journal": JournalConfig,
     "failover": FailoverConfig,
+    "breaker": BreakerConfig,
     "slurm": SlurmConfig,
     "nvml": NvmlConfig,
     "node_state": NodeStateConfig,
@@ -124,6 +154,25 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"failover.retries: must be 0 (never requeue) or more, got {f.retries}")
     if f.retries > 100:
         raise ConfigError(f"failover.retries: at most 100, got {f.retries}")
+    if not 0 <= f.max_retries <= 100:
+        raise ConfigError(f"failover.max_retries: must be 0..100, got {f.max_retries}")
+    if f.retries > f.max_retries:
+        raise ConfigError(f"failover.retries: {f.retries} exceeds failover.max_retries {f.max_retries}")
+    if f.unblamed_retries < 0:
+        raise ConfigError(f"failover.unblamed_retries: must be >= 0, got {f.unblamed_retries}")
+    if f.unblamed_max_runtime_s < 0:
+        raise ConfigError(f"failover.unblamed_max_runtime_s: must be >= 0, got {f.unblamed_max_runtime_s}")
+    if f.priority_ceiling < 0:
+        raise ConfigError(f"failover.priority_ceiling: must be >= 0, got {f.priority_ceiling}")
+    b = cfg.breaker
+    if b.max_nodes < 0:
+        raise ConfigError(f"breaker.max_nodes: must be >= 0, got {b.max_nodes}")
+    if not 0.0 < b.max_fraction <= 1.0:
+        raise ConfigError(f"breaker.max_fraction: must be in (0, 1], got {b.max_fraction}")
+    if b.window_s <= 0:
+        raise ConfigError(f"breaker.window_s: must be > 0, got {b.window_s}")
+    if f.mailbox_keep < 1:
+        raise ConfigError(f"failover.mailbox_keep: must be >= 1, got {f.mailbox_keep}")
     if f.priority_boost < 0:
         raise ConfigError(f"failover.priority_boost: must be >= 0, got {f.priority_boost}")
     if f.poll_interval_s <= 0:
