@@ -20,20 +20,38 @@ def drain_reason(job_id: int, verdict: dict) -> str:
     return f"{LEADER} {verdict.get('rule', 'fault')} (job {job_id})"
 
 
-def drain_node(slurm, node: str, reason: str) -> str:
+def drain_node(slurm, node: str, reason: str, *, breaker=None, nodes: list | None = None) -> str:
     """Drain ``node`` with ``reason`` (must start with ``slurm-ft:``).
 
-    Returns ``"drained"``, or ``"kept-admin-reason"`` when the node is already drained (or down)
-    with a reason not set by slurm-ft, which is left untouched (as NHC's node-mark-offline does).
+    Returns ``"drained"``; ``"kept-admin-reason"`` when the node is already drained (or down)
+    with a reason not set by slurm-ft, which is left untouched (as NHC's node-mark-offline does);
+    ``"already-drained"`` when slurm-ft drained it before (its first reason is kept: Slurm holds
+    one reason, the journal holds every verdict); ``"breaker-open: <why>"`` when ``breaker`` (the
+    ``[breaker]`` config; None = no limit, for an admin's own command) says slurm-ft has taken
+    too many nodes out of service already (:mod:`slurm_ft.breaker`; ``nodes``: the cluster's
+    nodes if the caller has them, else one ``sinfo --json``).
     Raises :class:`SlurmCommandError` if Slurm refuses.
     """
     if not reason.startswith(LEADER):
         raise ValueError(f"drain reason must start with {LEADER!r}: {reason!r}")
+    if breaker is not None:
+        from . import breaker as breaker_mod
+
+        from .errors import SlurmFTError
+
+        try:
+            st = breaker_mod.state(breaker, slurm.nodes() if nodes is None else nodes, node)
+        except SlurmFTError:
+            st = None  # node list unreadable: the drain below asks Slurm anyway and fails loudly if it is down
+        if st is not None and st.open:
+            return f"breaker-open: {st.why}"
     current = slurm.show_node(node)
     cur_reason = current.get("Reason", "")
     state = current.get("State", "")
     ours = cur_reason.startswith(LEADER) or cur_reason.startswith(SLURM_REASONS)
     if cur_reason and not ours and any(s in state for s in ("DRAIN", "DOWN", "FAIL")):
         return "kept-admin-reason"
+    if cur_reason.startswith(LEADER) and "DRAIN" in state:
+        return "already-drained"
     slurm.drain(node, reason)
     return "drained"

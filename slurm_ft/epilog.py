@@ -101,7 +101,7 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
         except SlurmFTError as exc:
             log(f"job output not read: {exc}")
     return Evidence(kernel_lines=kernel, stderr_tail=tail, exit_code=job.exit_code, signal=job.signal,
-                    job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time())
+                    job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time(), kernel_records=True)
 
 
 def window_start(cfg, job: NodeJob, marker: dict | None, log) -> float:
@@ -157,7 +157,7 @@ def run(env: dict[str, str] | None = None) -> int:
         from .classify import classify, default_policy, from_config
         policy = from_config(cfg.classify) if cfg.classify else default_policy()
         evidence = with_prior_xids(cfg, job, gather_evidence(cfg, job, since, log), policy, log)
-        verdict = classify(evidence, policy)
+        verdict = verify_untrusted(cfg, job, classify(evidence, policy), log)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
     except SlurmFTError as exc:
         log(f"error: {exc}")
@@ -167,25 +167,78 @@ def run(env: dict[str, str] | None = None) -> int:
     return 0
 
 
+#: Rule prefixes of a verdict whose untrusted (job output) hardware evidence the trusted GPU checks
+#: confirmed / did not confirm (docs/security.md).
+VERIFIED, UNVERIFIED = "verified:", "unverified:"
+
+
+def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
+    """Resolve a verdict whose hardware evidence is only the job's own output (action ``verify``).
+
+    The job's output is untrusted: it may print ``uncorrectable ECC error encountered`` without
+    any fault.  So the trusted checks (NVML, read by root: ``slurm_ft.health``) run on this node
+    and decide: a failing check on one of the job's GPUs (or a node-level one) makes the verdict
+    ``hardware`` (rule ``verified:<row>``, drain); otherwise it is ``unknown`` (rule
+    ``unverified:<row>``, action ``retry``: the daemon may retry the job elsewhere without
+    blaming the node, within the site's unblamed-retry budget).  Checks that cannot run never
+    confirm.  Every other verdict is returned unchanged.  ``run_checks``: for tests.
+    """
+    import dataclasses
+
+    from .classify.model import MAX_EVIDENCE_LINES
+    from .health import unhealthy
+    from .health.actions import journal_results
+
+    if verdict.action != "verify":
+        return verdict
+    if run_checks is None:
+        from .health import run_checks
+    try:
+        results = run_checks(cfg, job.node)
+    except SlurmFTError as exc:
+        log(f"trusted GPU checks not run: {exc}")
+        results = []
+    if results:
+        journal_results(cfg, job.node, results, job.job_id, log)
+    mine = [r for r in unhealthy(results) if r.gpu is None or job.gpus is None or r.gpu in job.gpus]
+    if mine:
+        first = mine[0]
+        lines = (f"trusted check {first.check} failed: {first.measurement}", *verdict.evidence)
+        log(f"job output suggested hardware ({verdict.rule}); confirmed by {first.check}")
+        return dataclasses.replace(verdict, verdict="hardware", rule=f"{VERIFIED}{verdict.rule}", action="drain_node",
+                                   evidence=lines[:MAX_EVIDENCE_LINES])
+    gpus = ",".join(map(str, job.gpus)) if job.gpus else "all"
+    lines = (f"trusted GPU checks ({len(results)} results, GPUs {gpus}) found no fault", *verdict.evidence)
+    log(f"job output suggested hardware ({verdict.rule}); trusted checks found nothing: not blaming {job.node}")
+    return dataclasses.replace(verdict, verdict="unknown", rule=f"{UNVERIFIED}{verdict.rule}", action="retry",
+                               evidence=lines[:MAX_EVIDENCE_LINES])
+
+
 def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None:
-    """Node journal first (never lost), then the mailbox for the daemon (non-ok verdicts only)."""
+    """Node journal first, then the drain (trusted hardware only, within the circuit breaker) and
+    the mailbox for the daemon (non-ok verdicts only). A journal that cannot be written (locked,
+    full) is logged and skipped: the drain and the post still happen."""
     from .failover import mailbox
     from .journal import open_journal
     from .slurm import Slurm
 
     d = verdict.to_dict()
-    with open_journal(cfg.node_journal_path(job.node)) as journal:
-        journal.upsert_attempt(job.job_id, job.attempt, nodes=job.node, start=start, end=time.time(),
-                               exit_code=job.exit_code, signal=job.signal)
-        journal.add_verdict(job.job_id, job.attempt, job.node, d["verdict"], d["rule"], d["xids"], d["evidence"],
-                            d["action"], job.exit_code, source="epilog")
+    try:
+        with open_journal(cfg.node_journal_path(job.node)) as journal:
+            journal.upsert_attempt(job.job_id, job.attempt, nodes=job.node, start=start, end=time.time(),
+                                   exit_code=job.exit_code, signal=job.signal)
+            journal.add_verdict(job.job_id, job.attempt, job.node, d["verdict"], d["rule"], d["xids"],
+                                d["evidence"], d["action"], job.exit_code, source="epilog")
+    except SlurmFTError as exc:
+        # the node action and the mailbox post never depend on the journal (locked, full disk)
+        log(f"verdict not journaled ({exc}); draining/posting anyway")
     log(f"verdict {d['verdict']} ({d['rule']})")
     slurm = Slurm.from_config(cfg)
     if d["action"] == "drain_node" and cfg.failover.drain:
         # Drain before the epilog ends: the job's resources are freed right after, and the
         # scheduler must not hand the sick GPU to the next job in the meantime.
         from .drain import drain_node, drain_reason
-        log(f"drain: {drain_node(slurm, job.node, drain_reason(job.job_id, d))}")
+        log(f"drain: {drain_node(slurm, job.node, drain_reason(job.job_id, d), breaker=cfg.breaker)}")
     if d["verdict"] == "ok":
         return
     mailbox.post(cfg, slurm, job.node, job.job_id, job.attempt, d["verdict"], d["rule"],

@@ -41,7 +41,9 @@ def test_signature_row_matches_its_excerpt(row):
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_signature_row_decides_alone(row):
     v = classify(_evidence_for(row))
-    assert (v.verdict, v.rule, v.action) == (row.cls, row.id, row.action)
+    # job output is untrusted: a node action it suggests becomes "verify" (docs/security.md)
+    untrusted = row.source == "output" and row.action in ("drain_node", "reset_gpu")
+    assert (v.verdict, v.rule, v.action) == (row.cls, row.id, "verify" if untrusted else row.action)
     assert v.evidence, row.id
 
 

@@ -7,6 +7,7 @@ import pytest
 from slurm_ft.errors import JournalError
 from slurm_ft.history import history, render_table
 from slurm_ft.journal import open_journal
+from slurm_ft.journal import migrations
 
 
 def test_schema_wal_and_migrations_recorded(tmp_path):
@@ -14,7 +15,7 @@ def test_schema_wal_and_migrations_recorded(tmp_path):
         assert j.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert {"jobs", "attempts", "verdicts", "actions", "health", "_migrations"} <= set(j.db.table_names())
     with open_journal(tmp_path / "j.db") as j:  # reopening applies nothing twice
-        assert j.db.conn.execute("SELECT count(*) FROM _migrations").fetchone()[0] == 1
+        assert j.db.conn.execute("SELECT count(*) FROM _migrations").fetchone()[0] == len(migrations.MIGRATIONS)
 
 
 def test_verdicts_are_idempotent_and_history_renders(tmp_path):

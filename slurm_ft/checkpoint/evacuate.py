@@ -135,7 +135,7 @@ def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: l
         journal.set_ft_state(job.job_id, policy.RUNNING)
         return False
     steps.exclude_and_boost(slurm, journal, job.job_id, attempt, list(exclude), nodes=slurm.nodes(),
-                            top=steps.top_priority(slurm.jobs()), priority_boost=priority_boost)
+                            top=steps.top_priority(slurm.jobs(), journal.boosted_jobs()), priority_boost=priority_boost)
     left = slurm.wait_job(job.job_id, lambda j: not j.completing, settle_s, 0.1)
     if left is not None and left.state == "PENDING":
         steps.clear_requeue_delay(slurm, journal, left)
@@ -153,13 +153,25 @@ def ensure_journal_job(journal, job: Job, opts: jobspec.FtOptions) -> None:
 
 def checkpoint_and_requeue(slurm: Slurm, journal, jobs: list[Job], *, exclude: list[str], why: str,
                            default_retries: int, wait_s: float | None = None, requeue_jobs: bool = True,
-                           priority_boost: int = 1000, poll_s: float = 0.5, log=lambda *_: None) -> list[Outcome]:
-    """Checkpoint-before-exit for running jobs: notify all, wait for all (in parallel), requeue."""
+                           priority_boost: int = 1000, poll_s: float = 0.5, log=lambda *_: None,
+                           failover_cfg=None) -> list[Outcome]:
+    """Checkpoint-before-exit for running jobs: notify all, wait for all (in parallel), requeue.
+    Each job's options (signal, wait, retry budget) are those fixed at submit
+    (:func:`slurm_ft.failover.options.trusted_options`), never its live comment.
+    ``failover_cfg``: ``[failover]`` (site default and maximum retries); default: built-in
+    defaults with ``default_retries``."""
+    import dataclasses
+
+    from ..config import FailoverConfig
+    from ..failover.options import trusted_options
+
+    fcfg = failover_cfg or dataclasses.replace(FailoverConfig(), retries=default_retries,
+                                               max_retries=max(default_retries, FailoverConfig().max_retries))
     pending: dict[int, tuple] = {}
     outcomes: list[Outcome] = []
     for job in jobs:
         try:
-            opts = jobspec.from_job(job, default_retries)
+            opts = trusted_options(job, journal, fcfg)
         except ConfigError as exc:
             outcomes.append(Outcome(job.job_id, job.restart_count, "skipped", detail=f"bad ft options: {exc}"))
             continue
@@ -200,7 +212,7 @@ def drain(slurm: Slurm, node: str, reason: str) -> str:
 
 def evacuate_node(slurm: Slurm, journal, node: str, *, default_retries: int, reason: str | None = None,
                   wait_s: float | None = None, priority_boost: int = 1000, only_jobs: list[int] | None = None,
-                  why: str | None = None, log=lambda *_: None) -> list[Outcome]:
+                  why: str | None = None, log=lambda *_: None, failover_cfg=None) -> list[Outcome]:
     """``slurm-ft drain NODE --checkpoint``: drain, then checkpoint-before-exit and requeue the
     ft-enabled jobs running on ``node`` (or just ``only_jobs``), excluding it. Other jobs keep
     running until they end."""
@@ -210,4 +222,4 @@ def evacuate_node(slurm: Slurm, journal, node: str, *, default_retries: int, rea
             and (only_jobs is None or j.job_id in only_jobs)]
     return checkpoint_and_requeue(slurm, journal, jobs, exclude=[node], why=why or f"node {node} drained by admin",
                                   default_retries=default_retries, wait_s=wait_s, priority_boost=priority_boost,
-                                  log=log)
+                                  log=log, failover_cfg=failover_cfg)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 from .model import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_LINES, Evidence, Verdict, XidEvent
-from .parse import find_bus_id, fmt, parse_time, parse_xid
+from .parse import find_bus_id, fmt, mask_user_fields, message_body, parse_time, parse_xid, user_named
 from . import prefilter as prefilter_mod
 from .policy import Policy, default_policy
 
@@ -36,10 +36,29 @@ _OK_STATES = (None, "", "COMPLETED")
 
 
 class _Cand:
-    __slots__ = ("priority", "pos", "cls", "action", "rule", "line")
+    """One matched row/Xid. ``trusted``: it comes from evidence the job cannot write (kernel
+    records, Slurm's own state); only trusted hardware candidates may drain or reset."""
 
-    def __init__(self, priority: int, pos: int, cls: str, action: str, rule: str, line: bytes):
+    __slots__ = ("priority", "pos", "cls", "action", "rule", "line", "trusted")
+
+    def __init__(self, priority: int, pos: int, cls: str, action: str, rule: str, line: bytes,
+                 trusted: bool = True):
         self.priority, self.pos, self.cls, self.action, self.rule, self.line = priority, pos, cls, action, rule, line
+        self.trusted = trusted
+
+
+#: Actions that take a node or GPU out of service: only trusted evidence may carry them.
+NODE_ACTIONS = ("drain_node", "reset_gpu")
+
+
+def _kernel_row_counts(row, line: bytes) -> bool:
+    """A kernel signature hit that would act on the node counts only when the line is not
+    user-named (a process or file name the kernel printed, see ``kernel_user_text.toml``) and the
+    row still matches with the NVRM process-name field blanked."""
+    if row.cls != "hardware" and row.action not in NODE_ACTIONS:
+        return True
+    masked = mask_user_fields(line)
+    return user_named(mask_user_fields(message_body(line))) is None and row.regex.search(masked) is not None
 
 
 def _text(value: object) -> bytes:
@@ -291,8 +310,9 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
     sxid_quals = policy.qualifiers("sxid")
     events: list[XidEvent] = []
     judged: list[tuple[XidEvent, int, bytes, object]] = []  # (event, pos, line, hit)
+    strict = bool(evidence.kernel_records)
     for pos, line in xid_lines:
-        hit = parse_xid(line)
+        hit = parse_xid(line, at_start=strict)
         if hit is None:
             continue
         if hit.kind == "xid" and not attributed(hit.bus_id):
@@ -331,6 +351,7 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
                     fired.setdefault(i, rule)
 
     for i, (ev, pos, line, hit) in enumerate(judged):
+        line = mask_user_fields(line)  # qualifiers read the driver's words, never a process name
         if ev.kind == "sxid":
             for q in sxid_quals:
                 if q.regex.search(line):
@@ -351,13 +372,15 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
             cands.append(_Cand(row.rank, pos, row.cls, row.action, row.id, line))
 
     # -- signature rows over kernel text and job output -----------------------------------------
-    for hits in sig_hits:
+    for trusted, hits in zip((True, False), sig_hits):  # kernel records, then the job's output
         for row, pos, line in hits:
             if row.scope == "gpu":
                 bus = find_bus_id(line)
                 if not attributed(bus):
                     continue
-            cands.append(_Cand(row.priority, pos, row.cls, row.action, row.id, line))
+            if trusted and not _kernel_row_counts(row, line):
+                continue
+            cands.append(_Cand(row.priority, pos, row.cls, row.action, row.id, line, trusted))
 
     # -- Slurm state and exit status --------------------------------------------------------------
     tail = out_base + len(output) + 1
@@ -377,17 +400,26 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
                                           b"%d" % sig if sig else b"none")
         for row in policy.signatures:
             if row.source == "exit" and row.regex.search(pseudo):
-                cands.append(_Cand(row.priority, tail + 1, row.cls, row.action, row.id, pseudo))
+                cands.append(_Cand(row.priority, tail + 1, row.cls, row.action, row.id, pseudo, False))
                 break
 
     # -- decide ------------------------------------------------------------------------------------
+    # Highest priority wins, ties to the earliest line; but trusted hardware evidence beats
+    # untrusted (job output) hardware evidence whatever their priorities.  Untrusted hardware
+    # evidence alone never drains or resets: its action becomes "verify" (the epilog then runs
+    # the trusted GPU checks, see slurm_ft/epilog.py and docs/security.md).
     win = max(cands, key=lambda c: (c.priority, -c.pos)) if cands else None
+    if win is not None and win.cls == "hardware" and not win.trusted:
+        trusted_hw = [c for c in cands if c.cls == "hardware" and c.trusted]
+        if trusted_hw:
+            win = max(trusted_hw, key=lambda c: (c.priority, -c.pos))
     clean = code == 0 and not sig and str(evidence.slurm_state or "").strip().upper() in _OK_STATES
     if clean:
-        action = win.action if (win is not None and win.cls == "hardware") else "none"
+        action = win.action if (win is not None and win.cls == "hardware" and win.trusted) else "none"
         verdict, rule = "ok", "clean-exit"
     elif win is not None:
-        verdict, rule, action = win.cls, win.rule, win.action
+        verdict, rule = win.cls, win.rule
+        action = win.action if (win.trusted or win.action not in NODE_ACTIONS) else "verify"
     else:
         verdict, rule, action = "unknown", "no-evidence", "none"
 

@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 #: making progress.  unknown: the evidence does not support a decision.  ok: the job succeeded.
 CLASSES = ("hardware", "user", "infra", "hang", "unknown", "ok")
 
-#: Recommended actions a verdict may carry.
-ACTIONS = ("drain_node", "reset_gpu", "retry", "none")
+#: Recommended actions a verdict may carry.  ``verify``: the evidence for a hardware fault is
+#: untrusted (the job's own output): run the trusted GPU checks before acting (docs/security.md).
+ACTIONS = ("drain_node", "reset_gpu", "retry", "none", "verify")
 
 #: Default action per class (used when a policy row or an admin override names none).
 DEFAULT_ACTION = {
@@ -88,6 +89,9 @@ class Evidence:
       (:func:`slurm_ft.classify.history.prior_xids`).  Events without a bus id are not counted.
     now: epoch seconds of this evidence (the job's end); prior events count when
       ``time >= now - window_s``.  None: ``time.time()`` when prior_xids are given.
+    kernel_records: kernel_lines are kernel-log record bodies (``/dev/kmsg``, or a saved log
+      given as ``--kernel-log``): an Xid header counts only at the start of the message, where
+      the driver writes it.  False (mixed text of unknown origin): wrappers in front are allowed.
     """
 
     kernel_lines: list[str] | tuple[str, ...] = ()
@@ -99,6 +103,7 @@ class Evidence:
     node_bus_ids: dict[str, int] | None = None
     prior_xids: tuple[PriorXid | tuple, ...] = ()
     now: float | None = None
+    kernel_records: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,21 @@ _FORMATS = {
     "bus_full": rb"\b([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?\b",
     # bus id inside an Xid's parentheses: domain optional
     "bus_paren": rb"(?:PCI:)?(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?",
-    # Xid / SXid header: kind, optional parenthesised location, number
-    "xid": rb"\b(S?)Xid\b\s*(?:\(([^)\n]{0,80})\))?\s*:?\s*(\d{1,6})\b",
+    # Xid / SXid header exactly as the drivers print it (nv_report_error / nvswitch):
+    # "NVRM: Xid (PCI:0000:3b:00): 79," / "NVRM: Xid (3): 79," / "NVRM: Xid: 79," /
+    # "nvidia-nvswitch1: SXid (PCI:0000:86:00.0): 24007,".  The location is a bus id or a GPU
+    # number, nothing else; the number ends the header (a comma, or the end of the line).
+    "xid": rb"(?:\bNVRM: (Xid)|\bnvidia-nvswitch\d{0,4}: (SXid))"
+           rb"(?: ?\(((?:PCI:)?(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?(?: GPU-I:\d{1,3})?|\d{1,3})\))?"
+           rb" ?: ?(\d{1,6})(?=,|[ \t\r]*$)",
+    # wrappers in front of a kernel message in saved logs: syslog / ISO / dmesg -T stamps with a
+    # host name, "kernel:", "kern: warning:", a printk "[  219.470994]" stamp, "<3>" levels
+    "wrapper": rb"^(?:[ \t]+|<\d{1,3}>|\[ *\d{1,10}\.\d{1,9}\]:? ?|\[\w{2,4}\.? \S{3,6}\.? +\d{1,2} \d\d:\d\d:\d\d \d{4}\]:? ?"
+               rb"|\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]:? ?|\S{3,6}\.? +\d{1,2} \d\d:\d\d:\d\d (?:[\w.-]+ )?"
+               rb"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[\d.,]*(?:Z|[+-]\d\d:?\d\d)? (?:[\w.-]+ )?"
+               rb"|kernel: |kern: ?\w{0,8}: |[\w.-]{1,64}: kern: ?\w{0,8}: )",
+    # the process-name field of an NVRM Xid line ("name=<comm>, "): comm is at most 15 bytes
+    "name_field": rb"\bname=[^\n]{0,15}, ",
     # an Xid header cut off at the end of a line (wrapped log)
     "xid_cut": rb"\bS?Xid\b\s*(?:\([^)\n]{0,80}\)?)?\s*:?\s*$",
     "pid": rb"\bpid=(\d+)",
@@ -108,23 +121,66 @@ class XidHit:
         self.kind, self.xid, self.bus_id, self.pid, self.caused_by = kind, xid, bus_id, pid, caused_by
 
 
-def parse_xid(line: bytes) -> XidHit | None:
-    """Parse the first Xid/SXid header in ``line`` (anywhere: wrappers such as syslog, journald
-    JSON or a health agent's prefix are skipped), or None."""
-    for m in fmt("xid").finditer(line):
-        kind = "sxid" if m.group(1) else "xid"
-        number = int(m.group(3))
-        bus_id = None
-        where = m.group(2)
-        if where:
-            b = fmt("bus_paren").search(where)
-            if b is not None:
-                bus_id = _bus_from_groups(b.group(1), b.group(2), b.group(3))
-        rest = line[m.end():]
-        p = fmt("pid").search(rest)
-        c = fmt("caused_by").search(rest)
-        return XidHit(kind, number, bus_id, int(p.group(1)) if p else None, int(c.group(1)) if c else None)
+def parse_xid(line: bytes, *, at_start: bool = False) -> XidHit | None:
+    """Parse the Xid/SXid header of ``line`` (see the ``xid`` format: only the driver's exact
+    header counts, so an Xid-looking word elsewhere is not one), or None.
+
+    ``at_start``: the header must begin the message (kernel-log records, where nothing precedes
+    the driver's text); otherwise wrappers in front of it (syslog, a health agent's prefix, JSON)
+    are allowed.  A user-named line (:func:`user_named`: a process or file name the kernel
+    printed) never yields an Xid, whatever it contains.
+    """
+    body = message_body(line)
+    if user_named(mask_user_fields(body)) is not None:
+        return None
+    m = fmt("xid").match(body) if at_start else fmt("xid").search(body)
+    if m is None:
+        return None
+    kind = "sxid" if m.group(2) else "xid"
+    number = int(m.group(4))
+    bus_id = None
+    where = m.group(3)
+    if where:
+        b = fmt("bus_paren").fullmatch(where.split(b" ")[0])
+        if b is not None:
+            bus_id = _bus_from_groups(b.group(1), b.group(2), b.group(3))
+    rest = body[m.end():]
+    p = fmt("pid").search(rest)
+    c = fmt("caused_by").search(rest)
+    return XidHit(kind, number, bus_id, int(p.group(1)) if p else None, int(c.group(1)) if c else None)
+
+
+def message_body(line: bytes) -> bytes:
+    """``line`` without the wrappers saved logs put in front of a kernel message (syslog, ISO and
+    ``dmesg -T`` stamps with a host name, ``kernel:``, printk ``[  219.470994]`` stamps, ``<3>``
+    levels).  A ``/dev/kmsg`` record body has none and comes back unchanged."""
+    wrapper = fmt("wrapper")
+    for _ in range(8):
+        m = wrapper.match(line)
+        if m is None or not m.end():
+            break
+        line = line[m.end():]
+    return line
+
+
+def user_named(body: bytes) -> str | None:
+    """The id of the kernel-message template (``slurm_ft/data/kernel_user_text.toml``) whose
+    user-chosen field (process name, file name) ``body`` carries, or None.  ``body`` is a message
+    body (:func:`message_body`).  Such a line is never hardware evidence: see docs/security.md."""
+    from .table import user_text_templates
+
+    for tid, regex in user_text_templates():
+        if regex.search(body):
+            return tid
     return None
+
+
+def mask_user_fields(line: bytes) -> bytes:
+    """``line`` with the process-name field of an NVRM line (``name=<comm>, ``) blanked, so rules
+    that read the driver's text after the Xid number never read the name a user gave a process."""
+    if b"name=" not in line:
+        return line
+    return fmt("name_field").sub(b"name=?, ", line)
 
 
 def join_wrapped(lines: list[bytes]) -> list[bytes]:

@@ -182,3 +182,20 @@ def count_rules() -> tuple[CountRule, ...]:
             cls=rec["class"], action=rec["action"], priority=int(rec["priority"]), ref=rec.get("ref", ""),
         ))
     return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def user_text_templates() -> tuple[tuple[str, re.Pattern[bytes]], ...]:
+    """``(id, compiled regex)`` for every row of ``data/kernel_user_text.toml``: the kernel
+    message templates that embed user-chosen text (process and file names).  Raises
+    :class:`ConfigError` when the shipped file is malformed."""
+    import tomllib
+
+    rows = tomllib.loads(_data_text("kernel_user_text.toml")).get("template", [])
+    out = []
+    for n, row in enumerate(rows, 1):
+        try:
+            out.append((str(row["id"]), re.compile(row["pattern"].encode("utf-8"))))
+        except (KeyError, TypeError, re.error) as exc:
+            raise ConfigError(f"kernel_user_text.toml template {n}: {exc}") from None
+    return tuple(out)

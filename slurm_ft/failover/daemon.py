@@ -28,9 +28,10 @@ import time
 
 from ..drain import LEADER, drain_node, drain_reason
 from ..errors import ConfigError, SlurmCommandError, SlurmFTError
-from ..journal import open_journal
+from ..journal import open_daemon_journal
 from ..slurm import Job, Slurm
-from . import jobspec, mailbox, policy, steps
+from . import mailbox, policy, steps
+from .options import admin_comment, trusted_options
 from ..slurm import split_nodes as _split_nodes
 
 log = logging.getLogger("slurm_ft.daemon")
@@ -49,10 +50,12 @@ class Daemon:
     def __init__(self, cfg, slurm: Slurm | None = None):
         self.cfg = cfg
         self.slurm = slurm or Slurm.from_config(cfg)
-        self.journal = open_journal(cfg.journal.path)
+        self.journal = open_daemon_journal(cfg)  # 0600, or 0640 root:[journal] read_group
         self._stop = False
         self._stable: dict[int, tuple] = {}   # job id -> snapshot of a job needing no attention
         self._top_priority = 0
+        self._boosted: set[int] = self.journal.boosted_jobs()  # jobs slurm-ft set a priority for
+        self._breaker_latched = self.journal.breaker_latched()
         self._nodes: list = []
         self._children: list[subprocess.Popen] = []               # evacuations in progress
         self._gpus: dict[tuple[int, int], dict[str, set[int]]] = {}  # (job, attempt) -> node -> GPUs
@@ -69,6 +72,10 @@ class Daemon:
                 log.error("cycle failed: %s", exc)
                 if once:
                     raise
+            except Exception:  # a bug or an OS error must not crash-loop the daemon under systemd
+                log.exception("cycle failed unexpectedly (retried next cycle)")
+                if once:
+                    raise
             if once:
                 return
             time.sleep(max(0.0, self.cfg.failover.poll_interval_s - (time.monotonic() - t0)))
@@ -80,11 +87,15 @@ class Daemon:
         self.ingest_mailboxes(self._nodes)
         jobs = self.slurm.jobs()
         by_id = {j.job_id: j for j in jobs}
-        self._top_priority = steps.top_priority(jobs)
-        self.reconcile(by_id)
+        self._top_priority = steps.top_priority(jobs, self._boosted)
+        try:
+            self.reconcile(by_id)
+        except SlurmFTError as exc:  # one refused scontrol must not stop every later failover
+            log.error("reconcile: %s", exc)
         self.evacuate_degraded(jobs)
         for job in jobs:
-            snap = (job.state, tuple(job.flags), job.reason, job.restart_count, job.nodes, job.priority, job.comment)
+            snap = (job.state, tuple(job.flags), job.reason, job.restart_count, job.nodes, job.priority, job.comment,
+                    job.admin_comment)
             if self._stable.get(job.job_id) == snap:
                 continue
             try:
@@ -116,7 +127,7 @@ class Daemon:
                 if job.state != "RUNNING" or node.name not in _split_nodes(job.nodes):
                     continue
                 try:
-                    if not jobspec.from_job(job, self.cfg.failover.retries).enabled:
+                    if not trusted_options(job, self.journal, self.cfg.failover).enabled:
                         continue
                 except ConfigError:
                     continue
@@ -185,7 +196,7 @@ class Daemon:
         if job.state == "PENDING" and job.restart_count > 0 and self._prolog_refused(job):
             return False
         try:
-            opts = jobspec.from_job(job, self.cfg.failover.retries)
+            opts = trusted_options(job, self.journal, self.cfg.failover)
         except ConfigError as exc:
             if self.journal.job(job.job_id) is None:
                 log.warning("job %s: bad ft options: %s", job.job_id, exc)
@@ -198,11 +209,7 @@ class Daemon:
                 self.journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=0,
                                         ft_state=policy.NOT_CONFIGURED)
             return True
-        row = self.journal.job(job.job_id)
-        if row is None:
-            self.journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=1, retries=opts.retries,
-                                    ft_state=policy.RUNNING, excluded_nodes="")
-            row = self.journal.job(job.job_id)
+        row = self.journal.job(job.job_id)  # recorded by trusted_options at first sight
         attempt = job.restart_count
         self.journal.close_attempts_before(job.job_id, attempt)
         ran = (job.state == "RUNNING" and job.reason != "Prolog") or job.ended
@@ -218,7 +225,8 @@ class Daemon:
             return steps.clear_requeue_delay(self.slurm, self.journal, job)
         if job.state == "RUNNING" and state in (policy.FAILOVER, policy.REQUEUED):
             self.journal.set_ft_state(job.job_id, policy.RUNNING)
-            self._try_update(job.job_id, AdminComment=f"{LEADER}{policy.RUNNING} (attempt {attempt})")
+            self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
+                                                                    f"{policy.RUNNING} (attempt {attempt})"))
             return True
         self._record_ckpt_ack(job)
         if not job.ended:
@@ -233,7 +241,10 @@ class Daemon:
         failovers = self.journal.failovers_done(job.job_id)
         nodes = _split_nodes(job.nodes) or _split_nodes(self._attempt_nodes(job.job_id, attempt))
         decision = policy.decide(slurm_state=slurm_state, failovers_done=failovers, retries=row["retries"],
-                                 verdicts=verdicts, job_nodes=nodes, seconds_since_end=since_end)
+                                 verdicts=verdicts, job_nodes=nodes, seconds_since_end=since_end,
+                                 unblamed_done=self._unblamed_failovers(job.job_id),
+                                 runtime_s=self._runtime_s(job.job_id),
+                                 site=policy.SitePolicy.from_config(self.cfg.failover))
         if decision.kind == "wait":
             return False
         for v in decision.verdicts:
@@ -241,7 +252,9 @@ class Daemon:
                 self.journal.add_verdict(job.job_id, attempt, v["node"], "hardware", v["rule"], [],
                                          [f"Slurm: node {v['node']} not responding (job state {slurm_state})"],
                                          "drain_node", source="daemon")
-        if decision.kind == "failover" and failovers and attempt > 0:
+        if decision.kind == "failover" and failovers and attempt > 0 and not decision.blamed_nodes:
+            # fast-fail is for faults that would repeat anywhere; two hardware faults on two
+            # nodes are bad luck (and the first node is excluded, so it cannot repeat there)
             previous = self.journal.verdicts(job.job_id, attempt - 1)
             if signature(previous) and signature(previous) == signature(list(decision.verdicts)):
                 decision = policy.Decision(policy.INTERNAL_ERROR, f"fast-fail: attempts {attempt - 1} and {attempt} "
@@ -262,7 +275,7 @@ class Daemon:
             self._drain(job, attempt, decision)
         if requeued and decision.kind in (policy.MAX_RETRIES, policy.INTERNAL_ERROR):
             # Slurm requeued it by itself (NODE_FAIL), but slurm-ft will not retry it: hold it, visibly.
-            self._try_update(job.job_id, AdminComment=f"{LEADER}{decision.kind}")
+            self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, decision.kind))
             self.slurm.run("scontrol", "hold", str(job.job_id), check=False)
         return True
 
@@ -294,6 +307,27 @@ class Daemon:
             return True
         return self._decide(job, row, attempt, "NODE_FAIL" if down else "FAILED", requeued=True)
 
+    def _unblamed_failovers(self, job_id: int) -> int:
+        """Failovers of this job that blamed no node (site limit ``unblamed_retries``)."""
+        n = 0
+        for a in self.journal.actions(job_id):
+            if a["action"] != "failover":
+                continue
+            try:
+                detail = json.loads(a["detail"] or "{}")
+            except ValueError:  # checkpoint-before-exit: an evacuation, not a fault
+                continue
+            n += isinstance(detail, dict) and not detail.get("blamed")
+        return n
+
+    def _runtime_s(self, job_id: int) -> float:
+        """Seconds the job ran over all its attempts (journal start/end)."""
+        total = 0.0
+        for a in self.journal.attempts(job_id):
+            if a.get("start") and a.get("end"):
+                total += max(0.0, a["end"] - a["start"])
+        return total
+
     def _attempt_nodes(self, job_id: int, attempt: int) -> str:
         return next((a["nodes"] or "" for a in self.journal.attempts(job_id) if a["attempt"] == attempt), "")
 
@@ -314,7 +348,9 @@ class Daemon:
             return
         outcome = steps.exclude_and_boost(self.slurm, j, job.job_id, attempt, list(decision.blamed_nodes),
                                           nodes=self._nodes, top=self._top_priority,
-                                          priority_boost=self.cfg.failover.priority_boost)
+                                          priority_boost=self.cfg.failover.priority_boost,
+                                          ceiling=self.cfg.failover.priority_ceiling)
+        self._boosted.add(job.job_id)
         j.finish(aid)
         if outcome == "held":
             log.warning("job %s: held: exclusions leave too few nodes", job.job_id)
@@ -324,16 +360,29 @@ class Daemon:
             steps.clear_requeue_delay(self.slurm, j, fresh)
 
     def _drain(self, job: Job, attempt: int, decision: policy.Decision) -> None:
+        """Drain the blamed nodes within the circuit breaker (slurm_ft.breaker): once it opens,
+        it stays open (journaled) until ``slurm-ft breaker reset``; the job still fails over."""
         if not self.cfg.failover.drain:
             return
         for node in decision.blamed_nodes:
             verdict = next((v for v in decision.verdicts if v["node"] == node), {})
             reason = drain_reason(job.job_id, verdict)
             step = self.journal.intend(job.job_id, attempt, "drain", node, reason)
+            if self._breaker_latched:
+                self.journal.finish(step, "skipped", f"circuit breaker open since {self._breaker_latched}: {reason}")
+                log.warning("job %s: not draining %s: circuit breaker open (slurm-ft breaker reset)", job.job_id, node)
+                continue
             try:
-                outcome = drain_node(self.slurm, node, reason)
+                outcome = drain_node(self.slurm, node, reason, breaker=self.cfg.breaker, nodes=self._nodes)
                 self.journal.finish(step, "done" if outcome == "drained" else "skipped",
                                     None if outcome == "drained" else f"{outcome}: {reason}")
+                if outcome.startswith("breaker-open"):
+                    self.journal.record(job.job_id, attempt, "breaker-open", node, outcome)
+                    self._breaker_latched = self.journal.breaker_latched()
+                    log.error("ALERT %s (job %s); slurm-ft stops draining until `slurm-ft breaker reset`",
+                              outcome, job.job_id)
+                elif outcome == "drained":
+                    self._nodes = self.slurm.nodes()  # the next drain this cycle counts this one
             except SlurmCommandError as exc:
                 self.journal.finish(step, "failed", str(exc))
 
@@ -367,8 +416,11 @@ class Daemon:
         if job.priority == 0:
             self.slurm.release(job.job_id)
         fields = {"StartTime": "now"}
-        if self.cfg.failover.priority_boost:
-            fields["Priority"] = str(min(steps.MAX_PRIORITY, self._top_priority + self.cfg.failover.priority_boost))
+        target = steps.boosted_priority(self._top_priority, self.cfg.failover.priority_boost,
+                                        self.cfg.failover.priority_ceiling)
+        if target and target > (job.priority or 0):
+            fields["Priority"] = str(target)
+            self._boosted.add(job.job_id)
         self.slurm.update_job(job.job_id, **fields)
         self.journal.finish(aid, detail=f"released, ExcNodeList={','.join(excluded)}")
 

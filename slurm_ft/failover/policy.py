@@ -25,10 +25,29 @@ FINAL_STATES = {INTERNAL_ERROR, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURE
 
 #: Rule-id prefix of verdicts from a prolog health check that refused the node (``health:<check>``).
 HEALTH_RULE = "health:"
+#: Rule-id prefix of a verdict whose only hardware evidence was the job's own output and which the
+#: trusted GPU checks did not confirm (slurm_ft/epilog.py): retried elsewhere, nobody blamed.
+UNVERIFIED_RULE = "unverified:"
 #: Slurm job states after which a job is looked at for failover.
 FAILED_STATES = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 #: Verdict classes that fail a job over, and whether the node is blamed (drained, excluded).
-RETRY_CLASSES = {"hardware": True, "infra": False, "hang": False}
+RETRY_CLASSES = {"hardware": True, "infra": False, "hang": False, "unknown": False}
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """What the site allows, whatever a job asks (``[failover]``, docs/security.md).
+
+    ``unblamed_retries``: failovers a job may get for verdicts that blame no node (infra, hang,
+    unverified output), within its own budget too; ``unblamed_max_runtime_s``: no such retry once
+    the job has run this long in all (seconds; 0 = no bound)."""
+
+    unblamed_retries: int = 1
+    unblamed_max_runtime_s: float = 86400.0
+
+    @classmethod
+    def from_config(cls, failover) -> "SitePolicy":
+        return cls(failover.unblamed_retries, float(failover.unblamed_max_runtime_s))
 
 
 @dataclass(frozen=True)
@@ -38,17 +57,37 @@ class Decision:
     blamed_nodes: tuple[str, ...] = ()
     verdicts: tuple[dict, ...] = field(default=())
 
+    @property
+    def unblamed(self) -> bool:
+        """A failover that blames no node (counted against the site's unblamed retries)."""
+        return self.kind == "failover" and not self.blamed_nodes
+
+
+def retry_class(v: dict) -> str | None:
+    """The failover class of one node verdict: ``hardware`` (blame the node), ``infra``/``hang``/
+    ``unknown`` (retry without blame; ``unknown`` only for unverified output), or None."""
+    cls = v["verdict"]
+    if cls == "unknown":
+        return "unknown" if str(v.get("rule", "")).startswith(UNVERIFIED_RULE) else None
+    return cls if cls in RETRY_CLASSES else None
+
 
 def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: list[dict], job_nodes: list[str],
-           seconds_since_end: float, grace_s: float = 3.0) -> Decision:
+           seconds_since_end: float, grace_s: float = 3.0, unblamed_done: int = 0, runtime_s: float = 0.0,
+           site: SitePolicy | None = None) -> Decision:
     """Decide what to do with an ended attempt.
 
     ``slurm_state``: the job's Slurm state (e.g. FAILED, NODE_FAIL, COMPLETED); ``failovers_done``:
     failovers slurm-ft already did for this job (prolog-failure releases and in-place restarts do not
-    count); ``retries``: the job's budget (0 = never requeue);
+    count); ``retries``: the job's budget as fixed at submit (0 = never requeue);
     ``verdicts``: the node verdicts of this attempt (dicts with ``node``, ``verdict``, ``rule``);
-    ``seconds_since_end``: time since the attempt ended, used to wait ``grace_s`` for late verdicts.
+    ``seconds_since_end``: time since the attempt ended, used to wait ``grace_s`` for late verdicts;
+    ``unblamed_done``: failovers so far that blamed no node; ``runtime_s``: seconds the job has
+    run over all attempts; ``site``: the site's limits (:class:`SitePolicy`; default limits if None).
+    A hardware verdict on any node decides (that node is blamed); otherwise a retryable verdict
+    that blames nobody is retried only within the site's unblamed retries and run-time bound.
     """
+    site = site or SitePolicy()
     if slurm_state == "COMPLETED":
         return Decision(COMPLETED, "job completed")
     if slurm_state == "CANCELLED":
@@ -56,17 +95,30 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
     verdicts = list(verdicts)
     if slurm_state == "NODE_FAIL" and not any(v["verdict"] == "hardware" for v in verdicts):
         verdicts += [{"node": n, "verdict": "hardware", "rule": "slurm-node-fail", "xids": []} for n in job_nodes]
-    by_class = {c: [v for v in verdicts if v["verdict"] == c] for c in ("hardware", "infra", "hang", "user")}
-    if by_class["hardware"] or by_class["infra"] or by_class["hang"]:
-        chosen = by_class["hardware"] or by_class["hang"] or by_class["infra"]
-        kind = chosen[0]["verdict"]
+    by_class: dict[str, list[dict]] = {c: [] for c in RETRY_CLASSES}
+    for v in verdicts:
+        c = retry_class(v)
+        if c is not None:
+            by_class[c].append(v)
+    chosen = by_class["hardware"] or by_class["hang"] or by_class["infra"] or by_class["unknown"]
+    if chosen:
+        kind = retry_class(chosen[0])
         blamed = tuple(sorted({v["node"] for v in chosen})) if RETRY_CLASSES[kind] else ()
+        what = f"{kind} fault ({chosen[0]['rule']})"
         if failovers_done >= retries:
-            return Decision(MAX_RETRIES, f"{kind} fault but retry budget {retries} is used up", blamed, tuple(chosen))
-        return Decision("failover", f"{kind} fault ({chosen[0]['rule']})", blamed, tuple(chosen))
-    if by_class["user"]:
-        v = by_class["user"][0]
-        return Decision(INTERNAL_ERROR, f"not a hardware fault: {v['rule']} on {v['node']}", (), tuple(by_class["user"]))
+            return Decision(MAX_RETRIES, f"{what} but retry budget {retries} is used up", blamed, tuple(chosen))
+        if not blamed:
+            if unblamed_done >= site.unblamed_retries:
+                return Decision(MAX_RETRIES, f"{what} blames no node and the site allows {site.unblamed_retries} "
+                                f"such retr{'y' if site.unblamed_retries == 1 else 'ies'}", (), tuple(chosen))
+            if site.unblamed_max_runtime_s and runtime_s >= site.unblamed_max_runtime_s:
+                return Decision(MAX_RETRIES, f"{what} blames no node and the job has run {runtime_s:.0f} s "
+                                f"(site bound {site.unblamed_max_runtime_s:.0f} s)", (), tuple(chosen))
+        return Decision("failover", what, blamed, tuple(chosen))
+    users = [v for v in verdicts if v["verdict"] == "user"]
+    if users:
+        v = users[0]
+        return Decision(INTERNAL_ERROR, f"not a hardware fault: {v['rule']} on {v['node']}", (), tuple(users))
     if seconds_since_end < grace_s:
         return Decision("wait", "waiting for node verdicts")
     return Decision(INTERNAL_ERROR, "no hardware fault found", (), tuple(verdicts))

@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import time
 
-from ..drain import LEADER
 from ..errors import SlurmCommandError
 from ..slurm import Job, split_nodes
 from . import policy
+from .options import admin_comment
 
 #: Highest priority ``scontrol update Priority=`` takes (priority is a uint32; 0xFFFFFFFF = infinite).
 MAX_PRIORITY = 4294967293
 
 
-def top_priority(jobs: list[Job]) -> int:
-    """Highest priority among pending and running jobs (the failed-over job goes above it)."""
-    return max((j.priority or 0 for j in jobs if j.state in ("PENDING", "RUNNING")), default=0)
+def top_priority(jobs: list[Job], boosted: set[int] | frozenset[int] = frozenset()) -> int:
+    """Highest priority among pending and running jobs that slurm-ft did not boost (``boosted``:
+    their ids). A failed-over job goes above it, so boosts never ratchet: a second failover lands
+    at the same height as the first, not above it."""
+    return max((j.priority or 0 for j in jobs if j.state in ("PENDING", "RUNNING") and j.job_id not in boosted),
+               default=0)
+
+
+def boosted_priority(top: int, boost: int, ceiling: int = 0) -> int:
+    """``top + boost``, at most ``ceiling`` (``[failover] priority_ceiling``; 0 = Slurm's maximum);
+    0 when ``boost`` is 0 (keep Slurm's priority)."""
+    if not boost:
+        return 0
+    return min(ceiling or MAX_PRIORITY, MAX_PRIORITY, top + boost)
 
 
 def node_count(job: Job) -> int:
@@ -60,7 +71,7 @@ def requeue_in_place(slurm, journal, job_id: int, attempt: int) -> str | None:
 
 
 def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[str], *, nodes: list,
-                      top: int, priority_boost: int) -> str:
+                      top: int, priority_boost: int, ceiling: int = 0) -> str:
     """After the requeue: ``ExcNodeList`` = every node blamed in any attempt, ``Priority`` above
     every waiting job, ft state in ``AdminComment``; releases a job Slurm requeued held. If the
     exclusions would leave too few nodes for the job, hold it instead with a clear reason.
@@ -73,7 +84,8 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
     usable, needed = usable_nodes(fresh, nodes, excluded), node_count(fresh)
     outcome = "requeued"
     if usable < needed:
-        reason = f"{LEADER} held: excluding {','.join(excluded)} leaves {usable} usable node(s), job needs {needed}"
+        reason = admin_comment(journal, job_id, f" held: excluding {','.join(excluded)} leaves {usable} usable "
+                                                f"node(s), job needs {needed}")
         slurm.run("scontrol", "hold", str(job_id), check=False)
         journal.record(job_id, attempt, "hold", str(job_id), reason)
         journal.set_ft_state(job_id, policy.HELD)
@@ -83,11 +95,12 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
         if fresh.state == "PENDING" and fresh.priority == 0:
             # Slurm requeued it held (e.g. launch_failed_requeued_held after a prolog failure)
             slurm.run("scontrol", "release", str(job_id), check=False)
-        fields = {"AdminComment": f"{LEADER}{policy.FAILOVER}"}
+        fields = {"AdminComment": admin_comment(journal, job_id, policy.FAILOVER)}
         if excluded:
             fields["ExcNodeList"] = ",".join(excluded)
-        if priority_boost:
-            fields["Priority"] = str(min(MAX_PRIORITY, max(top, fresh.priority or 0) + priority_boost))
+        target = boosted_priority(top, priority_boost, ceiling)
+        if target and target > (fresh.priority or 0):
+            fields["Priority"] = str(target)
     step = journal.intend(job_id, attempt, "update", str(job_id), " ".join(f"{k}={v}" for k, v in fields.items()))
     try:
         slurm.update_job(job_id, **fields)
@@ -111,7 +124,7 @@ def clear_requeue_delay(slurm, journal, job: Job) -> bool:
         if row is not None and row["ft_state"] == policy.FAILOVER:
             journal.set_ft_state(job.job_id, policy.REQUEUED)
             try:
-                slurm.update_job(job.job_id, AdminComment=f"{LEADER}{policy.REQUEUED}")
+                slurm.update_job(job.job_id, AdminComment=admin_comment(journal, job.job_id, policy.REQUEUED))
             except SlurmCommandError:
                 pass
         return True

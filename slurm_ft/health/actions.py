@@ -31,10 +31,11 @@ def journal_results(cfg, node: str, results, job_id: int | None, log) -> None:
 
 def act_on_node(cfg, node: str, results, slurm, log) -> str:
     """Drain on a fail; resume a slurm-ft-drained node on a full pass if auto_resume is on.
-    Returns what was done: "drained", "kept-admin-reason", "resumed" or "none"."""
+    Returns what was done: "drained", "kept-admin-reason", "already-drained", "breaker-open: ..."
+    (the circuit breaker stopped the drain, see slurm_ft.breaker), "resumed" or "none"."""
     reason = drain_reason(results)
     if reason:
-        outcome = drain_node(slurm, node, reason)
+        outcome = drain_node(slurm, node, reason, breaker=cfg.breaker)
         log(f"{node}: {reason}: {outcome}")
         return outcome
     if not cfg.failover.auto_resume:

@@ -37,7 +37,13 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     db["mailbox_seen"].create({"node": str, "key": str, "seen": float}, pk=("node", "key"))
 
 
-MIGRATIONS = [("001_initial", m001_initial)]
+def m002_ft_options(db: sqlite_utils.Database) -> None:
+    """``jobs.ft_options``: the job's ft options as fixed at submit (canonical token), recorded
+    once and used for the job's whole life (docs/security.md: never re-read the live comment)."""
+    db["jobs"].add_column("ft_options", str)
+
+
+MIGRATIONS = [("001_initial", m001_initial), ("002_ft_options", m002_ft_options)]
 
 
 def apply(db: sqlite_utils.Database) -> list[str]:

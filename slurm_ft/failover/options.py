@@ -1,0 +1,65 @@
+"""A job's ft options as fixed at submit: the one place every root path (daemon, checkpoint-before-
+exit, health-check evacuation) gets a job's retry budget and checkpoint settings from.
+
+Trust order (docs/security.md):
+
+1. the daemon journal's record (``jobs.ft_options``), written once, the first time slurm-ft saw
+   the job, and never changed afterwards;
+2. else the job's **admin_comment** record ``slurm-ft:submitted ft:...`` that ``job_submit.lua``
+   wrote at submit after validating the options (an owner cannot set AdminComment);
+3. else, for a cluster without slurm-ft's job_submit.lua, the legacy ``--comment=ft[:...]`` as
+   first seen (trust on first use; documented as weaker).
+
+Whatever the source, the retry budget is clamped to the site's ``[failover] max_retries``.
+The live comment is never read again for a job already on record: an owner's
+``scontrol update JobId=J Comment=...`` changes nothing.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from . import jobspec
+from .jobspec import FtOptions
+
+#: Word standing in for the state when a recorded token is parsed back.
+_RECORDED = "slurm-ft:recorded "
+
+
+def from_record(token: str) -> FtOptions:
+    """Options from a recorded canonical token (``jobs.ft_options``). Raises :class:`ConfigError`."""
+    opts = jobspec.from_admin_comment(_RECORDED + token)
+    if opts is None:
+        raise ConfigError(f"recorded ft options unreadable: {token[:120]!r}")
+    return opts
+
+
+def trusted_options(job, journal, failover_cfg) -> FtOptions:
+    """The options of ``job`` (a :class:`slurm_ft.slurm.Job`) per the trust order above; records
+    them in ``journal`` (the daemon journal) when first seen. ``failover_cfg``: ``[failover]``
+    (``retries`` default, ``max_retries`` site maximum). A job that is not ft-enabled gives
+    ``FtOptions(enabled=False)``. Raises :class:`ConfigError` for malformed options (the job is
+    then ``not-configured``)."""
+    row = journal.job(job.job_id)
+    if row is not None and row.get("ft_options"):
+        return jobspec.clamp(from_record(row["ft_options"]), failover_cfg.max_retries)
+    opts = jobspec.from_admin_comment(job.admin_comment)
+    if opts is None:
+        opts = jobspec.from_comment(job.comment, failover_cfg.retries)
+    if not opts.enabled:
+        return opts
+    opts = jobspec.clamp(opts, failover_cfg.max_retries)
+    fields = {"ft_options": jobspec.admin_token(opts), "retries": opts.retries}
+    if row is None:
+        journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=1, ft_state="running",
+                           excluded_nodes="", **fields)
+    else:
+        journal.upsert_job(job.job_id, **fields)
+    return opts
+
+
+def admin_comment(journal, job_id: int, state_text: str) -> str:
+    """``slurm-ft:<state_text> <recorded token>``: what slurm-ft writes into a job's AdminComment,
+    keeping the options record next to the state users see in ``squeue``."""
+    row = journal.job(job_id)
+    token = row.get("ft_options") if row else None
+    return f"slurm-ft:{state_text}" + (f" {token}" if token else "")
