@@ -2,7 +2,8 @@
 # Installs what slurm-ft's lab, demo and tests need on a Debian 12/13 machine, as root.
 # Run by `make setup` (and so by `make demo` / `make test`). Idempotent: installs only what is missing.
 set -eu
-PKGS="slurmctld slurmd slurm-client munge libslurm-dev gcc make python3 python3-venv procps iproute2 util-linux"
+# lua5.1: the interpreter tests run job_submit.lua in (Debian's job_submit_lua.so links liblua5.1).
+PKGS="slurmctld slurmd slurm-client munge libslurm-dev gcc make python3 python3-venv procps iproute2 util-linux lua5.1"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -53,19 +53,20 @@ def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, o
     """Drain NODE (root, controller host); with --checkpoint, checkpoint-before-exit its ft-enabled
     jobs (signal every task, wait for the save) and requeue them excluding NODE."""
     from .checkpoint.evacuate import LEADER, drain as drain_with_reason, evacuate_node
-    from .journal import open_journal
+    from .journal import open_daemon_journal
     from .slurm import Slurm
     try:
         cfg = config_mod.load(config_path)
         slurm = Slurm.from_config(cfg)
-        with open_journal(cfg.journal.path) as journal:
+        with open_daemon_journal(cfg) as journal:
             if not checkpoint:
                 click.echo(f"{node}: {drain_with_reason(slurm, node, reason or f'{LEADER} drained by admin')}")
                 return
             outcomes = evacuate_node(slurm, journal, node, default_retries=cfg.failover.retries, reason=reason,
                                      wait_s=wait_s, priority_boost=cfg.failover.priority_boost,
                                      only_jobs=list(only_jobs) or None,
-                                     why=f"node {node}: {reason}" if reason else None, log=click.echo)
+                                     why=f"node {node}: {reason}" if reason else None, log=click.echo,
+                                     failover_cfg=cfg.failover)
     except SlurmFTError as exc:
         raise _fail(exc) from None
     for o in outcomes:
@@ -187,11 +188,14 @@ def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool, lab_dir: str) -
 @_dir_option
 def lab_set_gpu(node: str, gpu: int, assignments: tuple[str, ...], lab_dir: str) -> None:
     """Change a fake GPU's state: slurm-ft lab set-gpu n1 0 row_remap_pending=1."""
+    from .lab.cluster import check_lab_dir
     from .nvml import fake
-    path = _lab(lab_dir).lay.inventory(node)
+    lab_ = _lab(lab_dir)
+    path = lab_.lay.inventory(node)
     if not path.exists():
         raise click.ClickException(f"no fake GPU inventory for node {node!r} ({path})")
     try:
+        check_lab_dir(lab_.lay.dir)  # root writes the inventory: only in a lab directory only root controls
         for a in assignments:
             key, sep, value = a.partition("=")
             if not sep:
@@ -239,9 +243,11 @@ def lab_demo(lab_dir: str) -> None:
     sys.exit(0 if ok else 1)
 
 
+from .breaker_cli import breaker_command  # noqa: E402
 from .classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
 from .health.cli import health_command  # noqa: E402
 
+main.add_command(breaker_command)
 main.add_command(classify_command)
 main.add_command(health_command)
 

@@ -108,6 +108,14 @@ class Slurm:
             seen.setdefault(node.name, node)
         return list(seen.values())
 
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict of its ``Key = Value`` lines (first occurrence wins)."""
+        return parse_config(self.run("scontrol", "show", "config").stdout)
+
+    def private_data(self) -> set[str]:
+        """Slurm's ``PrivateData`` flags, lower case (``{"jobs", "usage"}``; empty for ``none``)."""
+        return private_data(self.show_config())
+
     def show_node(self, node: str) -> dict[str, str]:
         """``scontrol show node NODE -o`` as a dict (values are strings; ``Extra``/``Comment`` included)."""
         return parse_kv_line(self.run("scontrol", "show", "node", "-o", node).stdout)
@@ -181,6 +189,23 @@ def parse_kv_line(text: str) -> dict[str, str]:
     for m in re.finditer(r"(\S+?)=(.*?)(?=\s+\S+?=|\s*$)", text.strip()):
         out[m.group(1)] = m.group(2)
     return out
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """Parse ``scontrol show config``: one ``Key   = Value`` per line (headers skipped)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w[\w/.-]*)\s+=\s?(.*)$", line)
+        if m:
+            out.setdefault(m.group(1), m.group(2).strip())
+    return out
+
+
+def private_data(conf: dict[str, str]) -> set[str]:
+    """``PrivateData`` of a parsed ``scontrol show config`` as a set of lower-case flags."""
+    value = conf.get("PrivateData", "").strip().lower()
+    flags = {f.strip() for f in value.split(",") if f.strip()}
+    return set() if flags <= {"none", "(null)"} else flags - {"none"}
 
 
 def _num(value) -> int | None:

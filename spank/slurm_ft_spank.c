@@ -8,7 +8,8 @@
  *
  * Options (an --ft-* option implies --ft):
  *   --ft                       enable slurm-ft fault tolerance for the job
- *   --ft-retries=N             failover budget, 0..100 (default 3)
+ *   --ft-retries=N             failover budget, 0..100 (default: the site's [failover] retries;
+ *                              job_submit.lua refuses more than the site's [failover] max_retries)
  *   --ft-ckpt-signal=SIG       checkpoint signal: USR1 USR2 HUP INT TERM ALRM URG WINCH (default USR1)
  *   --ft-ckpt-wait=SECONDS     bounded wait for the exit checkpoint, 1..3600 (default 600)
  *   --ft-hang-timeout=DURATION hang window: N, Ns, Nm, Nh or [H:]M:S; 60 s .. 7 days (default unset)
@@ -16,9 +17,12 @@
  *
  * Where the values go (verified on 22.05, see docs/spank.md):
  *   - slurm_spank_init_post_opt (sbatch/salloc/srun) -> spank_job_control_setenv FT, FT_RETRIES,
- *     FT_CKPT_SIGNAL, FT_CKPT_WAIT, FT_HANG_TIMEOUT: job_submit.lua sees them in
+ *     FT_CKPT_SIGNAL, FT_CKPT_WAIT, FT_HANG_TIMEOUT, FT_RETRIES_GIVEN: job_submit.lua sees them in
  *     job_desc.spank_job_env, Prolog/Epilog as SPANK_FT_*, the job as SLURM_SPANK_FT_*;
- *   - slurm_spank_user_init (slurmstepd, every step) -> spank_setenv SLURM_FT_* in every task.
+ *     FT_RETRIES_GIVEN=0 (no --ft-retries): FT_RETRIES is a placeholder and job_submit.lua
+ *     applies the site default ([failover] retries) and checks the site maximum;
+ *   - slurm_spank_user_init (slurmstepd, every step) -> spank_setenv SLURM_FT_* in every task
+ *     (SLURM_FT_RETRIES only when --ft-retries was given).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -48,7 +52,8 @@ static const struct { const char *name; int num; } ft_signals[] = {
 #define N_SIGNALS (sizeof(ft_signals) / sizeof(ft_signals[0]))
 
 static int ft_enabled;
-static long ft_retries = 3;
+static long ft_retries = 3;    /* placeholder unless ft_retries_given: the site default applies */
+static int ft_retries_given;
 static int ft_signal = 0;      /* index into ft_signals */
 static long ft_wait = 600;
 static long ft_hang = 0;       /* 0 = unset */
@@ -58,7 +63,8 @@ static int opt_cb(int val, const char *optarg, int remote);
 static struct spank_option ft_options[] = {
 	{ "ft", NULL, "Enable slurm-ft: requeue on hardware faults, checkpoint before exit.",
 	  0, OPT_FT, opt_cb },
-	{ "ft-retries", "N", "slurm-ft failover budget, 0..100 (default 3). Implies --ft.",
+	{ "ft-retries", "N", "slurm-ft failover budget, 0..100 (default and maximum: the site's). "
+	  "Implies --ft.",
 	  1, OPT_RETRIES, opt_cb },
 	{ "ft-ckpt-signal", "SIG", "Signal asking the job to checkpoint before it is ended: USR1 "
 	  "(default), USR2, HUP, INT, TERM, ALRM, URG, WINCH. Implies --ft.", 1, OPT_SIGNAL, opt_cb },
@@ -168,6 +174,7 @@ static int opt_cb(int val, const char *optarg, int remote)
 			return -1;
 		}
 		ft_retries = v;
+		ft_retries_given = 1;
 		return 0;
 	case OPT_SIGNAL:
 		sig = parse_signal(optarg);
@@ -216,29 +223,34 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+#define N_VALUES 6
+#define RETRIES_VALUE 1    /* index of the retry budget in ft_values() */
+
 /* name=value pairs in the order both setters use; returns the count. */
-static int ft_values(char vals[5][32])
+static int ft_values(char vals[N_VALUES][32])
 {
 	snprintf(vals[0], 32, "1");
-	snprintf(vals[1], 32, "%ld", ft_retries);
+	snprintf(vals[RETRIES_VALUE], 32, "%ld", ft_retries);
 	snprintf(vals[2], 32, "%s", ft_signals[ft_signal].name);
 	snprintf(vals[3], 32, "%ld", ft_wait);
 	snprintf(vals[4], 32, "%ld", ft_hang);
-	return 5;
+	snprintf(vals[5], 32, "%d", ft_retries_given);
+	return N_VALUES;
 }
 
-static const char *const job_names[5] = {
-	"FT", "FT_RETRIES", "FT_CKPT_SIGNAL", "FT_CKPT_WAIT", "FT_HANG_TIMEOUT"
+static const char *const job_names[N_VALUES] = {
+	"FT", "FT_RETRIES", "FT_CKPT_SIGNAL", "FT_CKPT_WAIT", "FT_HANG_TIMEOUT", "FT_RETRIES_GIVEN"
 };
-static const char *const task_names[5] = {
+/* NULL: not passed to tasks. */
+static const char *const task_names[N_VALUES] = {
 	"SLURM_FT_ENABLED", "SLURM_FT_RETRIES", "SLURM_FT_CKPT_SIGNAL", "SLURM_FT_CKPT_WAIT",
-	"SLURM_FT_HANG_TIMEOUT"
+	"SLURM_FT_HANG_TIMEOUT", NULL
 };
 
 /* sbatch/salloc (allocator) and srun (local): hand the values to the job's control environment. */
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
-	char vals[5][32];
+	char vals[N_VALUES][32];
 	int i, n;
 	spank_context_t ctx = spank_context();
 
@@ -263,7 +275,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 /* slurmstepd, as the job's user, before the tasks start: SLURM_FT_* in every task's environment. */
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
-	char vals[5][32], num[16];
+	char vals[N_VALUES][32], num[16];
 	int i, n;
 
 	(void)ac;
@@ -272,6 +284,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		return 0;
 	n = ft_values(vals);
 	for (i = 0; i < n; i++) {
+		if (task_names[i] == NULL || (i == RETRIES_VALUE && !ft_retries_given))
+			continue;
 		if (spank_setenv(sp, task_names[i], vals[i], 1) != ESPANK_SUCCESS) {
 			slurm_error(PFX "cannot set %s for the job's tasks", task_names[i]);
 			return -1;

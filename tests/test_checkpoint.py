@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import urllib.request
 
 import pytest
 
@@ -91,25 +89,23 @@ def test_only_rank_zero_reports_by_default():
     assert ExitCheckpoint(lambda s: None, env={"SLURM_PROCID": "0", "SLURM_JOB_ID": "5"}).reporter is not None
 
 
-def test_http_notify_and_status():
-    ckpt = ExitCheckpoint(lambda s: "/p", reporter=FakeReporter(), report=True, env={})
-    from slurm_ft.checkpoint.http import NotifyServer
+def test_http_notify_and_status(tmp_path):
+    env = {"SLURM_FT_RUNTIME_DIR": str(tmp_path)}
+    ckpt = ExitCheckpoint(lambda s: "/p", reporter=FakeReporter(), report=True, env=env)
+    from slurm_ft.checkpoint import http
     for port in range(9400, 9500):
         try:
-            srv = NotifyServer(ckpt, "127.0.0.1", port).start()
+            ckpt.serve_http(port)
             break
         except OSError:
             continue
     try:
-        base = f"http://127.0.0.1:{srv.address[1]}/v1/preempt"
-        with urllib.request.urlopen(urllib.request.Request(base + "/notify", data=b"{}", method="POST")) as r:
-            assert json.load(r)["accepted"]
+        assert http.notify(port, env=env)["accepted"]  # the job's secret, from its token file
         assert ckpt.requested and ckpt.poll(11)
-        with urllib.request.urlopen(base + "/status") as r:
-            body = json.load(r)
+        body = http.status(port, token=env["SLURM_FT_CKPT_TOKEN"])  # or from the environment
         assert body["status"] == "saved" and body["step"] == 11 and body["path"] == "/p"
     finally:
-        srv.stop()
+        ckpt.uninstall()
 
 
 @pytest.mark.parametrize("host, port", [("127.0.0.1", 8999), ("127.0.0.1", 10000), ("0.0.0.0", 9000),

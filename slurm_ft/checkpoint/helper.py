@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Callable
 
+from ..errors import ConfigError
 from ..failover.jobspec import DEFAULT_CKPT_SIGNAL, parse_signal
 from . import channel
 
@@ -49,6 +50,7 @@ class ExitCheckpoint:
                  report: bool | None = None, reporter: "channel.Reporter | None" = None,
                  barrier: Callable[[], None] | None = None, env=None):
         env = os.environ if env is None else env
+        self._env = env
         self._save = save
         self.signal_name = parse_signal(signal if signal is not None else
                                         env.get("SLURM_FT_CKPT_SIGNAL", DEFAULT_CKPT_SIGNAL), "signal")
@@ -75,6 +77,7 @@ class ExitCheckpoint:
         return self
 
     def uninstall(self) -> None:
+        """Restore the previous signal handler; stop the HTTP server (its token file is removed)."""
         if self._previous is not None:
             _signal.signal(self.signum, self._previous)
             self._previous = None
@@ -135,11 +138,25 @@ class ExitCheckpoint:
                     "signal": self.signal_name, "notified_at": self.notified_at, "source": self.source}
 
     # -- HTTP convention ---------------------------------------------------------------
-    def serve_http(self, port: int = 9000, host: str = "127.0.0.1") -> "ExitCheckpoint":
-        """Also serve ``POST /v1/preempt/notify`` and ``GET /v1/preempt/status`` (see http.py)."""
+    def serve_http(self, port: int = 9000, host: str = "127.0.0.1", *, token: str | None = None) -> "ExitCheckpoint":
+        """Also serve ``POST /v1/preempt/notify`` and ``GET /v1/preempt/status`` (see http.py) to
+        holders of the job's secret (``Authorization: Bearer <secret>``).
+
+        ``port``: 9000..9999; ``host``: loopback or one of the node's addresses. ``token``: the
+        secret (default ``$SLURM_FT_CKPT_TOKEN``, else a new random one). The secret is exported as
+        ``SLURM_FT_CKPT_TOKEN`` (children started later inherit it) and written to a 0600 file
+        (``self.token_path``) for the job's other processes. Raises :class:`ConfigError` (bad
+        port/host/secret, unsafe token directory) or :class:`OSError` (port in use)."""
         from .http import NotifyServer
-        self._http = NotifyServer(self, host, port).start()
+        if self._http is not None:
+            raise ConfigError("serve_http: already serving (one server per ExitCheckpoint)")
+        self._http = NotifyServer(self, host, port, token=token, env=self._env).start()
         return self
+
+    @property
+    def token_path(self) -> str | None:
+        """Path of the token file of the HTTP server (None when not serving)."""
+        return None if self._http is None else self._http.token_path
 
     def __enter__(self) -> "ExitCheckpoint":
         return self.install()

@@ -44,27 +44,68 @@ def _read_input(path: str | None) -> str:
     return data.decode("utf-8", "replace")
 
 
+def _slurm_state(value: str | None) -> str | None:
+    if value is None:
+        return None
+    text = value.strip().upper()
+    if not text.replace("_", "").isalpha() or len(text) > 32:
+        raise click.BadParameter(f"not a Slurm job state: {value!r}", param_hint="--slurm-state")
+    return text
+
+
+def _gpus(value: str | None):
+    from .parse import normalise_bus_id
+
+    if value is None:
+        return None
+    try:
+        return frozenset(normalise_bus_id(b) for b in value.split(",") if b.strip())
+    except SlurmFTError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpus") from None
+
+
 @click.command("classify")
 @click.argument("file", required=False, metavar="[FILE|-]")
+@click.option("--kernel-log", "kernel_path", metavar="FILE",
+              help="Kernel log (dmesg, syslog or /dev/kmsg text): trusted, parsed as records, an Xid "
+                   "counts only where the driver writes it.")
+@click.option("--output", "output_path", metavar="FILE",
+              help="The job's stdout/stderr: untrusted; alone it never drains or resets (action 'verify').")
+@click.option("--exit-code", type=click.IntRange(-255, 255), help="The job's exit code (0-255; -N = killed by signal N).")
+@click.option("--signal", "signum", type=click.IntRange(1, 64), help="Signal that ended the job.")
+@click.option("--slurm-state", help="Slurm's job state, e.g. NODE_FAIL, OUT_OF_MEMORY, TIMEOUT.")
+@click.option("--gpus", metavar="BUSIDS", help="The job's GPUs as comma-separated PCI bus ids; Xids on other GPUs are ignored.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--eval", "eval_path", metavar="LABELLED.jsonl",
               help="Classify labelled cases (JSON Lines with id, text, expected) and report accuracy.")
 @click.option("--config", "config_path", metavar="TOML",
               help="slurm-ft.toml whose [classify] policy to use (default: the usual lookup order).")
-def classify_command(file: str | None, as_json: bool, eval_path: str | None, config_path: str | None) -> None:
-    """Classify failure evidence: kernel log lines, job stderr and Slurm messages, mixed.
+def classify_command(file: str | None, kernel_path: str | None, output_path: str | None, exit_code: int | None,
+                     signum: int | None, slurm_state: str | None, gpus: str | None, as_json: bool,
+                     eval_path: str | None, config_path: str | None) -> None:
+    """Classify failure evidence: kernel log lines, job stderr and Slurm messages.
 
-    Reads FILE (or stdin when FILE is - or absent) and prints the verdict (hardware, user, infra,
-    hang, unknown), the deciding rule, the recommended action, the Xids seen and the evidence
-    lines.  With --eval, classifies every labelled case instead and prints a confusion matrix,
-    the misses, false_failover (a non-hardware case classified hardware) and missed_hardware.
-    Exit status: 0 done, 1 error, 2 usage error.
+    Either FILE (or stdin when FILE is - or absent: one blob read as mixed evidence, for a quick
+    look at a pasted log), or each evidence kind given as what it is: --kernel-log, --output,
+    --exit-code, --signal, --slurm-state, --gpus. The second form applies the epilog's trust
+    model exactly: job output alone never yields drain_node/reset_gpu (it says 'verify': the
+    epilog would run the trusted GPU checks), and a kernel line whose match sits in a process or
+    file name is not hardware. Prints the verdict (hardware, user, infra, hang, unknown, ok), the
+    deciding rule, the action, the Xids seen and the evidence lines. With --eval, classifies
+    labelled cases instead and prints a confusion matrix, the misses, false_failover and
+    missed_hardware. Exit status: 0 done, 1 error, 2 usage error.
     """
     from .evaluate import evaluate, evidence_from_text, format_report, read_cases
     from .engine import classify
+    from .model import Evidence
 
-    if eval_path and file:
-        raise click.UsageError("give either FILE or --eval, not both")
+    kinds = any(v is not None for v in (kernel_path, output_path, exit_code, signum, slurm_state, gpus))
+    if eval_path and (file or kinds):
+        raise click.UsageError("give either --eval or evidence, not both")
+    if file and kinds:
+        raise click.UsageError("give either FILE (mixed evidence) or the evidence kinds (--kernel-log, --output, ...)")
+    state = _slurm_state(slurm_state)
+    bus_ids = _gpus(gpus)
     try:
         policy = _policy(config_path)
         if eval_path:
@@ -72,12 +113,21 @@ def classify_command(file: str | None, as_json: bool, eval_path: str | None, con
             result = evaluate(read_cases(text.splitlines(), eval_path), policy)
             click.echo(json.dumps(result, indent=2) if as_json else format_report(result))
             return
-        verdict = classify(evidence_from_text(_read_input(file)), policy)
+        if kinds:
+            evidence = Evidence(kernel_lines=_read_input(kernel_path).splitlines() if kernel_path else (),
+                                stderr_tail=_read_input(output_path) if output_path else "",
+                                exit_code=exit_code, signal=signum, slurm_state=state, job_bus_ids=bus_ids,
+                                kernel_records=True)
+        else:
+            evidence = evidence_from_text(_read_input(file))
+        verdict = classify(evidence, policy)
     except SlurmFTError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(verdict.to_dict(), indent=2))
         return
+    from ..textsafe import terminal_safe
+
     click.echo(f"verdict: {verdict.verdict}")
     click.echo(f"rule: {verdict.rule}")
     click.echo(f"action: {verdict.action}")
@@ -88,4 +138,4 @@ def classify_command(file: str | None, as_json: bool, eval_path: str | None, con
     if verdict.evidence:
         click.echo("evidence:")
         for line in verdict.evidence:
-            click.echo(f"  {line}")
+            click.echo(f"  {terminal_safe(line)}")

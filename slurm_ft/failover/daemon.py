@@ -84,6 +84,7 @@ class Daemon:
     def cycle(self) -> None:
         """One pass: mailboxes, unfinished failovers (after a crash), then every job."""
         self._nodes = self.slurm.nodes()
+        self._breaker_latched = self.journal.breaker_latched()  # `slurm-ft breaker reset` closes it
         self.ingest_mailboxes(self._nodes)
         jobs = self.slurm.jobs()
         by_id = {j.job_id: j for j in jobs}
@@ -348,9 +349,12 @@ class Daemon:
             return
         outcome = steps.exclude_and_boost(self.slurm, j, job.job_id, attempt, list(decision.blamed_nodes),
                                           nodes=self._nodes, top=self._top_priority,
-                                          priority_boost=self.cfg.failover.priority_boost,
+                                          # a retry that blames no node (the job's own output
+                                          # may have chosen it) keeps the job's priority
+                                          priority_boost=self.cfg.failover.priority_boost if decision.blamed_nodes else 0,
                                           ceiling=self.cfg.failover.priority_ceiling)
-        self._boosted.add(job.job_id)
+        if decision.blamed_nodes:
+            self._boosted.add(job.job_id)
         j.finish(aid)
         if outcome == "held":
             log.warning("job %s: held: exclusions leave too few nodes", job.job_id)

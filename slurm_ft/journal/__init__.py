@@ -4,6 +4,6 @@ One schema serves both the daemon's journal (controller) and each node's own jou
 node, written by prolog/epilog). Times are epoch seconds (float). JSON columns hold lists.
 """
 
-from .store import Journal, open_journal
+from .store import Journal, open_daemon_journal, open_journal, open_node_journal
 
-__all__ = ["Journal", "open_journal"]
+__all__ = ["Journal", "open_daemon_journal", "open_journal", "open_node_journal"]

@@ -4,15 +4,24 @@ Facts this relies on are in ``shared/SLURM_LAB_NOTES.md`` (several slurmd on one
 fake gres device files, the fast requeue path). Survives being killed: ``up`` ignores stale pid
 files, sockets and state; it only ever signals pids it recorded itself *and* that still have the
 start time and command it recorded (so a recycled pid is never killed).
+
+Directory safety: the default lab directory sits in world-writable ``/var/tmp``, where any user
+may create ``slurm-ft-lab`` first (or a symlink by that name). Root code acts on the lab
+directory only once :func:`check_lab_dir` has found it a real directory, owned by root, not
+writable by group or others, under parents only root can change, holding only root-owned
+entries and no symlinks; ``lab up`` creates it itself (``mkdir`` 0755) when missing. Files the
+lab writes are opened with ``O_NOFOLLOW``. ``jobs/`` (job output of any lab user) is 1777 (sticky).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -57,8 +66,99 @@ class Proc:
         return {"name": self.name, "pid": self.pid, "start": self.start}
 
 
+# --------------------------------------------------------------------------------- directory safety
+def _ancestors_safe(path: Path) -> None:
+    """Every directory above ``path`` must be root's, and not replaceable by others: not writable
+    by group or others unless sticky (``/tmp``, ``/var/tmp``)."""
+    for d in [path.parent, *path.parent.parents]:
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            raise LabError(f"{d}: does not exist; create the directory above the lab first") from None
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise LabError(f"{d}: not a plain directory; refusing to put the lab under it")
+        if st.st_uid != 0:
+            raise LabError(f"{d}: owned by uid {st.st_uid}, not root; a root-run lab needs a directory "
+                           f"only root can change (use --dir)")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise LabError(f"{d}: writable by group or others without the sticky bit; refusing to put the "
+                           f"lab under it (use --dir)")
+
+
+def check_lab_dir(path: Path, *, create: bool = False) -> bool:
+    """Verify the lab directory before root acts on it; with ``create`` make it (0755) if missing.
+    Returns False if it does not exist (and ``create`` is off). Raises :class:`LabError` for a
+    symlink, a non-directory, a directory not owned by root or writable by group/others, an unsafe
+    parent, or an entry in it that is a symlink or not root's."""
+    _ancestors_safe(path)
+    if create:
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            pass
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, 0o755)  # mkdir's mode is cut by the umask
+            finally:
+                os.close(fd)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    fix = "remove it (or use --dir DIR) and run `slurm-ft lab up` again"
+    if stat.S_ISLNK(st.st_mode):
+        raise LabError(f"{path}: the lab directory is a symlink; refusing to follow it as root: {fix}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise LabError(f"{path}: the lab directory is not a directory: {fix}")
+    if st.st_uid != 0:
+        raise LabError(f"{path}: the lab directory is owned by uid {st.st_uid}, not root; refusing to run "
+                       f"root daemons from it: {fix}")
+    if st.st_mode & 0o022:
+        raise LabError(f"{path}: the lab directory is writable by group or others (mode "
+                       f"{stat.S_IMODE(st.st_mode):04o}); refusing: {fix}")
+    with os.scandir(path) as entries:
+        for e in entries:
+            est = e.stat(follow_symlinks=False)
+            if stat.S_ISLNK(est.st_mode) or est.st_uid != 0:
+                what = "a symlink" if stat.S_ISLNK(est.st_mode) else f"owned by uid {est.st_uid}"
+                raise LabError(f"{path / e.name}: {what} in the lab directory (only root writes there); "
+                               f"refusing: {fix}")
+    return True
+
+
+def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LabError(f"{path}: is a symlink; the lab never writes through one") from None
+        raise
+
+
+def write_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` (created ``mode``, truncated), never through a symlink."""
+    with os.fdopen(_open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as fh:
+        fh.write(text)
+
+
+def _make_dir(path: Path, mode: int = 0o755) -> None:
+    """``mkdir -p``-like for a directory inside the verified lab directory: a real directory
+    (never a symlink) with ``mode``."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    fd = _open_nofollow(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def _spawn(name: str, argv: list[str], log: Path, env: dict[str, str], user: str | None = None) -> Proc:
-    with open(log, "ab") as out:
+    with os.fdopen(_open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              env=env, start_new_session=True, close_fds=True, user=user, group=user,
                              extra_groups=[] if user else None)
@@ -155,6 +255,11 @@ command_timeout_s = 10.0
 [failover]
 poll_interval_s = 0.2
 
+[breaker]
+# a 3-node lab: the tests drain every node in turn (a real site keeps the defaults, docs/security.md)
+max_nodes = 3
+max_fraction = 1.0
+
 [health]
 expected_gpus = {L.GPUS_PER_NODE}
 nvml_timeout_s = 5.0
@@ -167,7 +272,8 @@ class Lab:
 
     def __init__(self, dir: str | os.PathLike = L.DEFAULT_DIR, port_base: int | None = None):
         """``port_base``: None = the one this lab was last started with (default 16800)."""
-        lay = Layout(Path(dir).resolve())
+        p = Path(os.path.abspath(dir))
+        lay = Layout(p.parent.resolve() / p.name)  # the lab dir itself is checked, never followed
         if port_base is None:
             port_base = self._read_state_at(lay).get("port_base", L.DEFAULT_PORT_BASE)
         self.lay = Layout(lay.dir, port_base)
@@ -184,9 +290,15 @@ class Lab:
     def _read_state(self) -> dict:
         return self._read_state_at(self.lay)
 
+    def _trusted_state(self) -> dict:
+        """The state file, only from a verified lab directory: its pids are what root signals."""
+        if not check_lab_dir(self.lay.dir):
+            return {}
+        return self._read_state()
+
     def _write_state(self, state: dict) -> None:
         tmp = self.lay.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
+        write_file(tmp, json.dumps(state, indent=1))
         os.replace(tmp, self.lay.state_file)
 
     def nodes(self) -> list[str]:
@@ -226,6 +338,7 @@ class Lab:
             raise LabError("the lab runs Slurm daemons as root: run as root")
         if not 1 <= nodes <= L.MAX_NODES:
             raise LabError(f"--nodes must be 1..{L.MAX_NODES}, got {nodes}")
+        check_lab_dir(self.lay.dir, create=True)  # before its state file is trusted or anything is written
         for exe in (f"{SBIN}/slurmctld", f"{SBIN}/slurmd", f"{SBIN}/munged", f"{BIN}/sinfo"):
             if not os.access(exe, os.X_OK):
                 raise LabError(f"{exe} missing: install Debian's slurmctld slurmd slurm-client munge (make setup)")
@@ -278,7 +391,7 @@ class Lab:
 
     def daemon_stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the lab's requeue daemon (SIGTERM, or e.g. SIGKILL to test crash safety)."""
-        state = self._read_state()
+        state = self._trusted_state()
         for p in state.get("procs", []):
             if p["name"] == "slurm-ft-daemon" and _alive(p):
                 if sig == signal.SIGTERM:
@@ -302,7 +415,7 @@ class Lab:
     def slurmd_kill(self, node: str) -> None:
         """SIGKILL node ``node``'s slurmd (its slurmstepd and job tasks survive, as on a real node
         whose slurmd dies or whose network drops): Slurm marks it DOWN after SlurmdTimeout."""
-        state = self._read_state()
+        state = self._trusted_state()
         for p in state.get("procs", []):
             if p["name"] == f"slurmd-{node}" and _alive(p):
                 os.kill(p["pid"], signal.SIGKILL)
@@ -312,7 +425,7 @@ class Lab:
 
     def slurmd_start(self, node: str) -> None:
         """Start node ``node``'s slurmd again (after :meth:`slurmd_kill`)."""
-        state = self._read_state()
+        state = self._trusted_state()
         procs = [p for p in state.get("procs", []) if p["name"] != f"slurmd-{node}" or _alive(p)]
         if not any(p["name"] == f"slurmd-{node}" for p in procs):
             procs.append(_spawn(f"slurmd-{node}", [f"{SBIN}/slurmd", "-D", "-f", str(self.lay.slurm_conf), "-N", node],
@@ -329,30 +442,33 @@ class Lab:
         from ..nvml import fake as fake_nvml
 
         d = self.lay.dir
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o755)
+        check_lab_dir(d, create=True)  # up() checked it too; _fresh_files never runs on an unchecked dir
         archive = d / "archive" / time.strftime("%Y%m%dT%H%M%S")
         for keep in (self.lay.journal_dir, self.lay.jobs_dir, self.lay.log_dir):  # job ids restart at 1
-            if keep.exists() and any(keep.iterdir()):
-                archive.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(keep), str(archive / keep.name))
+            if keep.is_dir() and not keep.is_symlink() and any(keep.iterdir()):
+                _make_dir(d / "archive")
+                _make_dir(archive)
+                os.rename(keep, archive / keep.name)  # same directory tree: a rename, never a copy
         for sub in ("state", "spool", "run", "dev", "nvml", "nodestate"):
             shutil.rmtree(d / sub, ignore_errors=True)
-        for sub in ("state", "run", "log", "jobs", "journal", "nvml", "nodestate"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(d / "jobs", 0o1777)
+        for sub in ("state", "run", "log", "journal", "nvml", "nodestate", "spool", "dev"):
+            _make_dir(d / sub)
+        _make_dir(d / "jobs", 0o1777)  # every lab user's job output; sticky: nobody replaces another's
         for n in nodes:
-            (d / "spool" / n).mkdir(parents=True, exist_ok=True)
+            _make_dir(d / "spool" / n)
             dev = self.lay.dev_dir(n)
-            dev.mkdir(parents=True, exist_ok=True)
+            _make_dir(dev)
             for g in range(L.GPUS_PER_NODE):
                 os.mknod(dev / f"nvidia{g}", 0o666 | 0o020000, os.makedev(1, 3))
             fake_nvml.write_inventory(str(self.lay.inventory(n)), n, L.inventory_gpus(n))
-        so = lab_spank.write_files(self.lay.dir, self.repo, log=log)
-        self.lay.slurm_conf.write_text(render_slurm_conf(self.lay, nodes, self.repo,
-                                                         lab_spank.slurm_conf_lines(self.lay.dir, so)))
-        self.lay.gres_conf.write_text(render_gres_conf(self.lay, nodes))
-        self.lay.ft_conf.write_text(render_ft_conf(self.lay))
+        write_file(self.lay.ft_conf, render_ft_conf(self.lay))
+        from .. import config as ft_config  # job_submit.lua gets the lab's [failover] retry limits
+
+        so = lab_spank.write_files(self.lay.dir, self.repo, log=log,
+                                   failover=ft_config.load(self.lay.ft_conf).failover)
+        write_file(self.lay.slurm_conf, render_slurm_conf(self.lay, nodes, self.repo,
+                                                          lab_spank.slurm_conf_lines(self.lay.dir, so)))
+        write_file(self.lay.gres_conf, render_gres_conf(self.lay, nodes))
 
     def _ensure_munge(self) -> Proc | None:
         """Use a working munged if there is one; else start one (and return it as ours)."""
@@ -362,8 +478,11 @@ class Lab:
         shutil.chown("/run/munge", "munge", "munge")
         os.chmod("/run/munge", 0o755)
         log = self.lay.log("munged")
-        log.touch()
-        shutil.chown(log, "munge", "munge")
+        fd = _open_nofollow(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # munge's log, in root's log/
+        try:
+            shutil.chown(fd, "munge", "munge")
+        finally:
+            os.close(fd)
         proc = _spawn("munged", [f"{SBIN}/munged", "--foreground", "--force"], log, {"PATH": SAFE_PATH}, user="munge")
         self._wait(self._munge_ok, 10, "munged", log)
         return proc
@@ -421,7 +540,7 @@ class Lab:
     # down ------------------------------------------------------------------------
     def down(self, log=print) -> None:
         """Stop the processes this lab started (by recorded pid and start time) and their jobs."""
-        state = self._read_state()
+        state = self._trusted_state()
         procs = [p for p in state.get("procs", []) if _alive(p)]
         order = sorted(procs, key=lambda p: 0 if p["name"] == "slurm-ft-daemon" else
                        (1 if p["name"].startswith("slurmd") else (2 if p["name"] == "slurmctld" else 3)))

@@ -131,10 +131,10 @@ def run_demo(lab_dir: str, log=print) -> bool:
     log("--- job output ---\n" + out.rstrip())
     log(f"--- drain reason of {first.nodes}: {node_info.get('Reason', '')}")
     from ..history import history, render_table
-    from ..journal import open_journal
+    from ..journal import open_daemon_journal
     from .. import config as config_mod
     time.sleep(1.0)  # let the daemon record the final state
-    with open_journal(config_mod.load(lab.lay.ft_conf).journal.path) as journal:
+    with open_daemon_journal(config_mod.load(lab.lay.ft_conf), readonly=True) as journal:
         h = history(journal, job.job_id)
     log("--- ft-history -j %d ---\n%s" % (job.job_id, render_table(h)))
     checks = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..drain import LEADER
 from ..errors import SlurmFTError
 from ..journal import open_journal
+from ..textsafe import terminal_safe
 
 
 @dataclass
@@ -74,12 +75,25 @@ def collect(cfg, slurm, *, since_s: float = 7 * 86400, node_journals: str | None
     return data
 
 
+def _finalize_safe(value):
+    """Every ``{{ }}`` output: control characters escaped (the text report goes to terminals, and
+    an HTML file may be ``cat``-ed too); jinja2 Markup (already escaped HTML) is left as it is."""
+    import markupsafe
+
+    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
+        return terminal_safe(value)
+    return value
+
+
 def render(data: ReportData, fmt: str = "html") -> str:
-    """``fmt``: "html" (autoescaped) or "text"."""
+    """``fmt``: "html" (autoescaped) or "text" (terminal-safe: the ``tsafe`` filter on untrusted
+    fields, and every output finalized through :func:`slurm_ft.textsafe.terminal_safe`)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("slurm_ft", "templates"),
-                             autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+                             autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+                             finalize=_finalize_safe)
     env.filters["ts"] = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
+    env.filters["tsafe"] = terminal_safe
     name = "drain_report.html" if fmt == "html" else "drain_report.txt"
     return env.get_template(name).render(d=data)

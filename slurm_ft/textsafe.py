@@ -1,0 +1,26 @@
+"""Make untrusted text safe to print on a terminal.
+
+Job output excerpts, checkpoint paths, node reasons and the like come from users; printed raw
+they could carry terminal escape sequences (ESC ``[31m``, OSC 52 clipboard writes, a ``\\r`` that
+hides the rest of a line, a BEL, a C1 CSI ``\\x9b``) onto an admin's terminal. Every text field
+a command prints goes through :func:`terminal_safe` first.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls (newline and tab included: a field is one cell of one line), DEL, C1 controls.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Characters that reorder or break the displayed line without being controls: bidi embeddings,
+# overrides and isolates ("Trojan Source"), line and paragraph separators.
+_INVISIBLE = re.compile("[\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(s: object) -> str:
+    """``s`` as text with every control character escaped: ESC as ``\\x1b``, other C0/C1 controls
+    and DEL as ``\\xNN``, bidi overrides and line separators as ``\\uNNNN``. Printable text
+    (any script) is kept. Idempotent: the result holds no control character."""
+    text = s if isinstance(s, str) else str(s)
+    text = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

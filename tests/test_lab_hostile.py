@@ -1,0 +1,196 @@
+"""The hostile-user suite (docs/security.md): each attack done for real on the lab, by an ordinary
+non-root user the lab creates, each asserting no drain, no blame, no exclusion, no priority or
+time gained, nothing of another user's read."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurm_ft import config as config_mod
+from slurm_ft.classify.table import signatures
+from slurm_ft.journal import open_journal
+from slurm_ft.lab.demo import job_gpu_index, wait_for
+from slurm_ft.lab.inject import inject_xid
+from slurm_ft.lab.users import LAB_USER, ensure_user, run_as
+
+pytestmark = pytest.mark.lab
+
+HW_OUTPUT_ROWS = [r for r in signatures() if r.source in ("output", "any") and r.cls == "hardware"]
+
+
+@pytest.fixture(scope="module")
+def user(lab):
+    return ensure_user()
+
+
+def _submit(lab, script: str, *extra: str) -> int:
+    """sbatch ``script`` as the lab's ordinary user; returns the job id."""
+    jobs = lab.lay.jobs_dir
+    path = jobs / f"hostile-{time.time_ns()}.sh"
+    path.write_text(script)
+    os.chmod(path, 0o755)
+    argv = ["/usr/bin/sbatch", "--parsable", f"--output={jobs}/%j.out", "--gres=gpu:1", *extra, str(path)]
+    proc = run_as(LAB_USER, argv, lab.env(), cwd=str(jobs))
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.strip().split(";")[0])
+
+
+def _journal(lab):
+    return open_journal(config_mod.load(lab.lay.ft_conf).journal.path)
+
+
+def _no_node_action(slurm, lab, job_id: int, *, priority_before: int | None = None) -> None:
+    """No drain, no blame, no exclusion, no priority raised, for ``job_id``."""
+    for n in slurm.nodes():
+        assert not (n.drained and n.reason.startswith("slurm-ft:")), (n.name, n.reason)
+    with _journal(lab) as j:
+        acts = j.actions(job_id)
+        assert not [a for a in acts if a["action"] == "drain" and a["status"] == "done"], acts
+        assert not [a for a in acts if "Priority=" in (a["detail"] or "")], acts
+        assert not (j.job(job_id) or {}).get("excluded_nodes")
+    job = slurm.job(job_id)
+    if job is not None:
+        assert not job.excluded_nodes
+        if priority_before is not None and job.state == "PENDING":
+            assert job.priority <= priority_before
+
+
+@pytest.mark.parametrize("code", [1, 0])
+def test_hardware_looking_output_drains_nothing(lab, slurm, user, ft_history, code):
+    """Attack 1: print every hardware-looking output row (CUDA ECC text, "GPU is lost", NODE_FAIL
+    text...), exit 1 or 0. The epilog runs the trusted GPU checks, finds nothing: no drain; at
+    most the site's one unblamed retry, without a priority boost."""
+    lines = "\n".join(f"echo '{r.example}'" for r in HW_OUTPUT_ROWS)
+    job_id = _submit(lab, f"#!/bin/sh\n{lines}\nexit {code}\n", "--ft", "--ft-retries=3")
+    if code == 0:
+        h = ft_history(job_id, lambda h: h["ft_state"] == "completed", timeout_s=60)
+        assert h["attempts"][0]["verdict"] == "ok"
+    else:
+        h = ft_history(job_id, lambda h: h["ft_state"] == "max-retries-exceeded", timeout_s=90)
+        assert [a["verdict"] for a in h["attempts"]] == ["unknown", "unknown"]
+        assert all(a["rule"].startswith("unverified:") for a in h["attempts"])
+    _no_node_action(slurm, lab, job_id)
+
+
+def _kmsg_since(t0: float) -> list[str]:
+    from slurm_ft.classify.sources import read_kmsg
+    return read_kmsg(t0)
+
+
+def test_process_named_like_an_xid_forges_nothing(lab, slurm, user, ft_history):
+    """Attack 2: a process named "NVRM: Xid: 79," segfaults, so the kernel prints its name at the
+    start of a kernel-log line."""
+    t0 = time.monotonic()
+    script = f"""#!/bin/sh
+exec {sys.executable} -c '
+import ctypes
+ctypes.CDLL(None).prctl(15, b"NVRM: Xid: 79, ", 0, 0, 0)
+print("crashing", flush=True)
+ctypes.string_at(0)
+'
+"""
+    job_id = _submit(lab, script, "--ft", "--ft-retries=3")
+    h = ft_history(job_id, lambda h: h["ft_state"] not in ("running", "failover-in-progress", "requeued"),
+                   timeout_s=60)
+    lines = [l for l in _kmsg_since(t0) if l.startswith("NVRM: Xid: 79,") and "segfault" in l]
+    assert lines, "the kernel did not print the segfault line (show_unhandled_signals off?)"
+    assert h["attempts"][0]["verdict"] != "hardware" and not h["attempts"][0]["xids"]
+    _no_node_action(slurm, lab, job_id)
+
+
+def test_alternating_infra_lines_get_one_unblamed_retry(lab, slurm, user, ft_history):
+    """Attack 3: print an infra-looking line, a different one each attempt, to be failed over
+    forever with a priority boost and a fresh time limit each time."""
+    script = """#!/bin/sh
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then echo 'Connection reset by peer'
+else echo 'Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600000 milliseconds'; fi
+exit 1
+"""
+    job_id = _submit(lab, script, "--ft", "--ft-retries=5")
+    before = slurm.job(job_id).priority
+    h = ft_history(job_id, lambda h: h["ft_state"] == "max-retries-exceeded", timeout_s=90)
+    assert len(h["attempts"]) == 2  # one unblamed retry ([failover] unblamed_retries = 1)
+    _no_node_action(slurm, lab, job_id, priority_before=before)
+
+
+def test_owner_cannot_raise_the_budget_by_rewriting_the_comment(lab, slurm, user, ft_history):
+    """Attack 6: ``--ft-retries=0``, then ``scontrol update Comment='x,ft:retries=100,...'`` by the
+    owner (the comma form the old parser accepted), then a real Xid 79 on its GPU: the budget
+    fixed at submit (0) holds: not requeued."""
+    job_id = _submit(lab, "#!/bin/sh\nsleep 300\n", "--ft", "--ft-retries=0")
+    job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 30)
+    assert "ft:retries=0," in job.admin_comment
+    original = job.comment
+    attack = f"x,ft:retries=100,ckpt_wait=5 {original}"
+    proc = run_as(LAB_USER, ["/usr/bin/scontrol", "update", f"JobId={job_id}", f"Comment={attack}"], lab.env())
+    assert proc.returncode == 0, proc.stderr
+    proc = run_as(LAB_USER, ["/usr/bin/scontrol", "update", f"JobId={job_id}",
+                             "AdminComment=slurm-ft:running ft:retries=100,ckpt_signal=USR1,ckpt_wait=600,hang_timeout=0"],
+                  lab.env())
+    assert proc.returncode != 0  # AdminComment is the administrators' field
+    time.sleep(0.5)
+    assert "ft:retries=0," in slurm.job(job_id).admin_comment
+    inject_xid(job.nodes, 79, job_gpu_index(slurm, job_id))
+    h = ft_history(job_id, lambda h: h["ft_state"] == "max-retries-exceeded", timeout_s=60)
+    assert h["retries"] == 0 and len(h["attempts"]) == 1
+    assert slurm.job(job_id).restart_count == 0
+
+
+def test_owner_comment_rewrite_does_not_buy_an_evacuation_retry(lab, slurm, user):
+    """Attack 6b: the checkpoint-before-exit path (``slurm-ft drain --checkpoint``, also what a
+    health-check evacuation runs) reads the budget fixed at submit, not the live comment."""
+    job_id = _submit(lab, "#!/bin/sh\ntrap 'echo saved' USR1\nwhile :; do sleep 1; done\n", "--ft", "--ft-retries=0")
+    job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 30)
+    attack = f"ft:retries=100 {job.comment}"
+    run_as(LAB_USER, ["/usr/bin/scontrol", "update", f"JobId={job_id}", f"Comment={attack}"], lab.env())
+    out = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "drain", job.nodes, "--checkpoint", "--wait", "2",
+                          "--config", str(lab.lay.ft_conf)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **lab.env()})
+    assert "not requeued (retry budget used up)" in out.stdout, out.stdout + out.stderr
+    assert slurm.job(job_id).restart_count == 0
+    slurm.run("scancel", str(job_id))
+
+
+def test_fault_storm_trips_the_circuit_breaker(lab, slurm, ft_history):
+    """A storm (here: Xid 79 on two nodes at once) past the site's breaker (1 node): slurm-ft
+    drains one node, stops draining, still fails both jobs over, and says so until reset."""
+    conf = lab.lay.ft_conf
+    saved = conf.read_text()
+    conf.write_text(saved.replace("max_nodes = 3", "max_nodes = 1"))
+    lab.daemon_start()
+    try:
+        from slurm_ft.lab.demo import submit_training, wait_started
+        a, b = submit_training(lab, steps=400), submit_training(lab, steps=400)
+        ja, jb = wait_started(slurm, a), wait_started(slurm, b)
+        if ja.nodes == jb.nodes:
+            pytest.skip("both jobs landed on one node")
+        for sub, job in ((a, ja), (b, jb)):
+            inject_xid(job.nodes, 79, job_gpu_index(slurm, sub.job_id))
+        for sub in (a, b):
+            again = slurm.wait_job(sub.job_id, lambda j: j.restart_count == 1, 60)
+            assert again is not None, f"job {sub.job_id} not failed over"
+        drained = [n.name for n in slurm.nodes() if n.drained and n.reason.startswith("slurm-ft:")]
+        assert len(drained) == 1, drained
+        status = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "breaker", "status", "--config", str(conf)],
+                                capture_output=True, text=True, timeout=30, env={**os.environ, **lab.env()})
+        assert status.returncode == 3 and "OPEN" in status.stdout, status.stdout + status.stderr
+        for sub in (a, b):
+            slurm.run("scancel", str(sub.job_id))
+    finally:
+        conf.write_text(saved)
+        subprocess.run([sys.executable, "-m", "slurm_ft.cli", "breaker", "reset", "--config", str(conf)],
+                       capture_output=True, timeout=30, env={**os.environ, **lab.env()})
+        lab.daemon_start()
+
+
+def test_journals_are_not_readable_by_other_users(lab, slurm, user):
+    """Attack 5: read the node journals (other users' stderr excerpts) and the daemon journal."""
+    jdir = lab.lay.journal_dir
+    for path in [*jdir.glob("*.db")]:
+        proc = run_as(LAB_USER, ["/bin/cat", str(path)], lab.env())
+        assert proc.returncode != 0, f"{path} readable by {LAB_USER}"
