@@ -65,13 +65,17 @@ def test_hardware_looking_output_drains_nothing(lab, slurm, user, ft_history, co
     """Attack 1: print every hardware-looking output row (CUDA ECC text, "GPU is lost", NODE_FAIL
     text...), exit 1 or 0. The epilog runs the trusted GPU checks, finds nothing: no drain; at
     most the site's one unblamed retry, without a priority boost."""
-    lines = "\n".join(f"echo '{r.example}'" for r in HW_OUTPUT_ROWS)
-    job_id = _submit(lab, f"#!/bin/sh\n{lines}\nexit {code}\n", "--ft", "--ft-retries=3")
+    text = lab.lay.jobs_dir / f"hostile-lines-{time.time_ns()}.txt"
+    text.write_text("".join(f"{r.example}\n" for r in HW_OUTPUT_ROWS))
+    os.chmod(text, 0o644)
+    job_id = _submit(lab, f"#!/bin/sh\ncat {text}\nexit {code}\n", "--ft", "--ft-retries=3")
     if code == 0:
         h = ft_history(job_id, lambda h: h["ft_state"] == "completed", timeout_s=60)
-        assert h["attempts"][0]["verdict"] == "ok"
+        assert h["attempts"][0]["verdict"] in (None, "ok")  # ok verdicts stay in the node journal
     else:
-        h = ft_history(job_id, lambda h: h["ft_state"] == "max-retries-exceeded", timeout_s=90)
+        # the unblamed retry keeps Slurm's requeue delay (121 s: no queue jumping, and the node's
+        # revoked job credential must expire before the job may start there again)
+        h = ft_history(job_id, lambda h: h["ft_state"] == "max-retries-exceeded", timeout_s=240)
         assert [a["verdict"] for a in h["attempts"]] == ["unknown", "unknown"]
         assert all(a["rule"].startswith("unverified:") for a in h["attempts"])
     _no_node_action(slurm, lab, job_id)
@@ -87,7 +91,7 @@ def test_process_named_like_an_xid_forges_nothing(lab, slurm, user, ft_history):
     start of a kernel-log line."""
     t0 = time.monotonic()
     script = f"""#!/bin/sh
-exec {sys.executable} -c '
+exec /usr/bin/python3 -c '
 import ctypes
 ctypes.CDLL(None).prctl(15, b"NVRM: Xid: 79, ", 0, 0, 0)
 print("crashing", flush=True)
@@ -113,7 +117,7 @@ exit 1
 """
     job_id = _submit(lab, script, "--ft", "--ft-retries=5")
     before = slurm.job(job_id).priority
-    h = ft_history(job_id, lambda h: h["ft_state"] == "max-retries-exceeded", timeout_s=90)
+    h = ft_history(job_id, lambda h: h["ft_state"] == "max-retries-exceeded", timeout_s=240)
     assert len(h["attempts"]) == 2  # one unblamed retry ([failover] unblamed_retries = 1)
     _no_node_action(slurm, lab, job_id, priority_before=before)
 
@@ -165,12 +169,15 @@ def test_fault_storm_trips_the_circuit_breaker(lab, slurm, ft_history):
     lab.daemon_start()
     try:
         from slurm_ft.lab.demo import submit_training, wait_started
-        a, b = submit_training(lab, steps=400), submit_training(lab, steps=400)
+        # one job on each of two nodes (pinned: this test only needs them requeued, not restarted)
+        a = submit_training(lab, steps=400, extra=["-w", "n1"])
+        b = submit_training(lab, steps=400, extra=["-w", "n2"])
         ja, jb = wait_started(slurm, a), wait_started(slurm, b)
-        if ja.nodes == jb.nodes:
-            pytest.skip("both jobs landed on one node")
         for sub, job in ((a, ja), (b, jb)):
             inject_xid(job.nodes, 79, job_gpu_index(slurm, sub.job_id))
+            # one after the other: epilogs racing at the same instant may each see the count below
+            # the limit (docs/security.md, residual risks)
+            wait_for(lambda: slurm.job(sub.job_id).restart_count == 1, 60, f"job {sub.job_id} failed over")
         for sub in (a, b):
             again = slurm.wait_job(sub.job_id, lambda j: j.restart_count == 1, 60)
             assert again is not None, f"job {sub.job_id} not failed over"

@@ -223,7 +223,8 @@ class Daemon:
         if job.state == "PENDING" and attempt > 0 and not self._decided(job.job_id, attempt - 1):
             return self._requeued_by_slurm(job, row)
         if job.state == "PENDING" and state in (policy.FAILOVER, policy.REQUEUED):
-            return steps.clear_requeue_delay(self.slurm, self.journal, job)
+            return steps.clear_requeue_delay(self.slurm, self.journal, job,
+                                             start_now=not self._last_failover_unblamed(job.job_id))
         if job.state == "RUNNING" and state in (policy.FAILOVER, policy.REQUEUED):
             self.journal.set_ft_state(job.job_id, policy.RUNNING)
             self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
@@ -321,6 +322,17 @@ class Daemon:
             n += isinstance(detail, dict) and not detail.get("blamed")
         return n
 
+    def _last_failover_unblamed(self, job_id: int) -> bool:
+        """Whether this job's newest failover blamed no node (then Slurm's requeue delay stays)."""
+        for a in reversed(self.journal.actions(job_id)):
+            if a["action"] == "failover":
+                try:
+                    detail = json.loads(a["detail"] or "{}")
+                except ValueError:
+                    return False  # checkpoint-before-exit: the node is excluded
+                return isinstance(detail, dict) and not detail.get("blamed")
+        return False
+
     def _runtime_s(self, job_id: int) -> float:
         """Seconds the job ran over all its attempts (journal start/end)."""
         total = 0.0
@@ -361,7 +373,7 @@ class Daemon:
             return
         fresh = self.slurm.job(job.job_id)
         if fresh is not None:
-            steps.clear_requeue_delay(self.slurm, j, fresh)
+            steps.clear_requeue_delay(self.slurm, j, fresh, start_now=bool(decision.blamed_nodes))
 
     def _drain(self, job: Job, attempt: int, decision: policy.Decision) -> None:
         """Drain the blamed nodes within the circuit breaker (slurm_ft.breaker): once it opens,

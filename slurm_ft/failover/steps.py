@@ -111,10 +111,15 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
     return outcome
 
 
-def clear_requeue_delay(slurm, journal, job: Job) -> bool:
+def clear_requeue_delay(slurm, journal, job: Job, *, start_now: bool = True) -> bool:
     """``StartTime=now`` while a failed-over job waits on Slurm's requeue delay (it only sticks once
     the job has left COMPLETING; call it every cycle until it returns True = job eligible).
-    Moves the ft state from failover-in-progress to requeued once the job is eligible."""
+    Moves the ft state from failover-in-progress to requeued once the job is eligible.
+
+    ``start_now=False`` keeps Slurm's delay (a retry that excluded no node): the job may land on
+    the node it just left, whose slurmd refuses it until the revoked job credential expires
+    (measured on 22.05: "Killing non-startable batch JobId=N: Job credential revoked" when
+    restarted there at once), and a retry nobody was blamed for must not jump the queue."""
     if job.completing:
         return False
     eligible = job.raw.get("eligible_time")
@@ -128,6 +133,8 @@ def clear_requeue_delay(slurm, journal, job: Job) -> bool:
             except SlurmCommandError:
                 pass
         return True
+    if not start_now:
+        return False
     step = journal.intend(job.job_id, job.restart_count, "start-now", str(job.job_id))
     slurm.update_job(job.job_id, StartTime="now")
     journal.finish(step)
