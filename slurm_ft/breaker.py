@@ -34,17 +34,6 @@ class BreakerState:
     why: str
 
 
-def _number(value) -> float | None:
-    if isinstance(value, dict):  # 24.11: {"set": true, "number": N}
-        value = value.get("number") if value.get("set", True) else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _partitions(node) -> list[str]:
-    parts = node.raw.get("partitions") or []
-    return [str(p) for p in parts] if isinstance(parts, list) else [str(parts)]
-
-
 def drained_by_us_since(node, since: float) -> bool:
     """Whether slurm-ft took ``node`` out of service (a ``slurm-ft:`` reason on a drained or down
     node) at or after ``since`` (epoch seconds; a reason without a time counts)."""
@@ -53,7 +42,7 @@ def drained_by_us_since(node, since: float) -> bool:
     states = {node.state.upper(), *(f.upper() for f in node.flags)}
     if not states & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"}:
         return False
-    changed = _number(node.raw.get("reason_changed_at"))
+    changed = node.reason_time
     return changed is None or changed >= since
 
 
@@ -73,8 +62,8 @@ def state(cfg, nodes: list, target: str, now: float | None = None) -> BreakerSta
     now = time.time() if now is None else now
     since = now - cfg.window_s
     me = next((n for n in nodes if n.name == target), None)
-    parts = _partitions(me) if me is not None else []
-    groups = {p: [n for n in nodes if p in _partitions(n)] for p in parts} or {"(all)": list(nodes)}
+    parts = me.partitions if me is not None else []
+    groups = {p: [n for n in nodes if p in n.partitions] for p in parts} or {"(all)": list(nodes)}
     worst = BreakerState(False, 0, 0, "", "closed")
     for part, members in groups.items():
         count = sum(1 for n in members if n.name != target and drained_by_us_since(n, since))

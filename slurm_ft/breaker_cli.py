@@ -44,8 +44,8 @@ def status(as_json: bool, config_path: str | None) -> None:
     since = time.time() - cfg.breaker.window_s
     parts: dict[str, list] = {}
     for n in nodes:
-        for p in (n.raw.get("partitions") or ["(none)"]):
-            parts.setdefault(str(p), []).append(n)
+        for p in (n.partitions or ["(none)"]):
+            parts.setdefault(p, []).append(n)
     rows = []
     for p, members in sorted(parts.items()):
         drained = sorted(n.name for n in members if breaker.drained_by_us_since(n, since))

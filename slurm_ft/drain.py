@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .errors import SlurmFTError
+
 LEADER = "slurm-ft:"
 #: Reasons slurmctld/slurmd set by themselves (not an admin's words): slurm-ft may replace them
 #: with its own, more precise reason. From Slurm's source (node_mgr.c, job_mgr.c, req.c).
@@ -35,9 +37,7 @@ def drain_node(slurm, node: str, reason: str, *, breaker=None, nodes: list | Non
     if not reason.startswith(LEADER):
         raise ValueError(f"drain reason must start with {LEADER!r}: {reason!r}")
     if breaker is not None:
-        from . import breaker as breaker_mod
-
-        from .errors import SlurmFTError
+        from . import breaker as breaker_mod  # local: breaker imports this module
 
         try:
             st = breaker_mod.state(breaker, slurm.nodes() if nodes is None else nodes, node)

@@ -130,13 +130,13 @@ def with_prior_xids(cfg, job: NodeJob, evidence, policy, log):
     import dataclasses
 
     from .classify.history import MAX_PRIOR_VERDICTS, SCAN_VERDICTS, lookback_s, needs_history, prior_xids
-    from .journal import open_journal
+    from .journal import open_node_journal
 
     if not needs_history(evidence.kernel_lines, policy):
         return evidence
     now = evidence.now if evidence.now is not None else time.time()
     try:
-        with open_journal(cfg.node_journal_path(job.node)) as journal:
+        with open_node_journal(cfg, job.node) as journal:
             rows = journal.recent_xid_verdicts(now - lookback_s(policy), limit=MAX_PRIOR_VERDICTS,
                                                scan=SCAN_VERDICTS)
     except SlurmFTError as exc:
@@ -219,12 +219,12 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
     the mailbox for the daemon (non-ok verdicts only). A journal that cannot be written (locked,
     full) is logged and skipped: the drain and the post still happen."""
     from .failover import mailbox
-    from .journal import open_journal
+    from .journal import open_node_journal
     from .slurm import Slurm
 
     d = verdict.to_dict()
     try:
-        with open_journal(cfg.node_journal_path(job.node)) as journal:
+        with open_node_journal(cfg, job.node) as journal:
             journal.upsert_attempt(job.job_id, job.attempt, nodes=job.node, start=start, end=time.time(),
                                    exit_code=job.exit_code, signal=job.signal)
             journal.add_verdict(job.job_id, job.attempt, job.node, d["verdict"], d["rule"], d["xids"],

@@ -326,6 +326,17 @@ class Node:
     def drained(self) -> bool:
         return "DRAIN" in self.flags or self.state in ("DRAINED", "DRAINING")
 
+    @property
+    def partitions(self) -> list[str]:
+        """Names of the partitions the node is in (``partitions`` of its ``sinfo --json`` record)."""
+        parts = self.raw.get("partitions") or []
+        return [str(p) for p in parts] if isinstance(parts, list) else [str(parts)]
+
+    @property
+    def reason_time(self) -> int | None:
+        """Epoch seconds when the drain/down reason was set (``reason_changed_at``), or None."""
+        return _num(self.raw.get("reason_changed_at"))
+
     @classmethod
     def from_json(cls, n: dict) -> "Node":
         state = n.get("state")

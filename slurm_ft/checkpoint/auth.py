@@ -233,18 +233,24 @@ def read_token_file(path: str, uid: int) -> str:
     """The secret in ``path``: a regular file owned by ``uid``, mode 0600 or tighter, not a symlink.
 
     Raises :class:`TokenError` if it is missing, unsafe or does not hold a secret."""
+    fd = _open_token_file(path, path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        return _read_checked(fd, path, uid)
+    finally:
+        os.close(fd)
+
+
+def _open_token_file(name: str, path: str, dir_fd: int | None = None) -> int:
+    """Open token file ``name`` (relative to ``dir_fd`` if given) read-only, never through a
+    symlink; ``path`` names it in errors. Raises :class:`TokenMissing` / :class:`TokenError`."""
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
         raise TokenMissing(f"{path}: no token file (is the checkpoint server running?)") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise TokenError(f"{path}: refusing a symlink") from None
         raise TokenError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        return _read_checked(fd, path, uid)
-    finally:
-        os.close(fd)
 
 
 def _read_checked(fd: int, path: str, uid: int) -> str:
@@ -268,14 +274,7 @@ def read_token(loc: TokenLocation) -> str:
     except PermissionError:
         raise TokenError(f"{loc.path}: permission denied (only the job's user and root may read it)") from None
     try:
-        try:
-            fd = os.open(loc.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-        except FileNotFoundError:
-            raise TokenMissing(f"{loc.path}: no token file (is the checkpoint server running?)") from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise TokenError(f"{loc.path}: refusing a symlink") from None
-            raise TokenError(f"{loc.path}: cannot read: {exc.strerror}") from None
+        fd = _open_token_file(loc.name, loc.path, dir_fd)
         try:
             return _read_checked(fd, loc.path, loc.uid)
         finally:

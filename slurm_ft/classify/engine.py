@@ -58,7 +58,7 @@ def _kernel_row_counts(row, line: bytes) -> bool:
     if row.cls != "hardware" and row.action not in NODE_ACTIONS:
         return True
     masked = mask_user_fields(line)
-    return user_named(mask_user_fields(message_body(line))) is None and row.regex.search(masked) is not None
+    return user_named(message_body(masked)) is None and row.regex.search(masked) is not None
 
 
 def _text(value: object) -> bytes:

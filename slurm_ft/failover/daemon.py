@@ -55,7 +55,7 @@ class Daemon:
         self._stable: dict[int, tuple] = {}   # job id -> snapshot of a job needing no attention
         self._top_priority = 0
         self._boosted: set[int] = self.journal.boosted_jobs()  # jobs slurm-ft set a priority for
-        self._breaker_latched = self.journal.breaker_latched()
+        self._breaker_latched: str | None = None                  # read from the journal each cycle
         self._nodes: list = []
         self._children: list[subprocess.Popen] = []               # evacuations in progress
         self._gpus: dict[tuple[int, int], dict[str, set[int]]] = {}  # (job, attempt) -> node -> GPUs
@@ -309,29 +309,30 @@ class Daemon:
             return True
         return self._decide(job, row, attempt, "NODE_FAIL" if down else "FAILED", requeued=True)
 
-    def _unblamed_failovers(self, job_id: int) -> int:
-        """Failovers of this job that blamed no node (site limit ``unblamed_retries``)."""
-        n = 0
+    def _failover_kinds(self, job_id: int) -> list[str]:
+        """This job's failovers, oldest first: ``"blamed"`` or ``"unblamed"`` (the daemon's own,
+        whose detail is JSON with ``blamed`` nodes) or ``"evacuation"`` (checkpoint-before-exit,
+        plain-text detail: the node is excluded, and it is not a fault)."""
+        kinds = []
         for a in self.journal.actions(job_id):
             if a["action"] != "failover":
                 continue
             try:
                 detail = json.loads(a["detail"] or "{}")
-            except ValueError:  # checkpoint-before-exit: an evacuation, not a fault
+            except ValueError:
+                kinds.append("evacuation")
                 continue
-            n += isinstance(detail, dict) and not detail.get("blamed")
-        return n
+            kinds.append("unblamed" if isinstance(detail, dict) and not detail.get("blamed") else "blamed")
+        return kinds
+
+    def _unblamed_failovers(self, job_id: int) -> int:
+        """Failovers of this job that blamed no node (site limit ``unblamed_retries``)."""
+        return self._failover_kinds(job_id).count("unblamed")
 
     def _last_failover_unblamed(self, job_id: int) -> bool:
         """Whether this job's newest failover blamed no node (then Slurm's requeue delay stays)."""
-        for a in reversed(self.journal.actions(job_id)):
-            if a["action"] == "failover":
-                try:
-                    detail = json.loads(a["detail"] or "{}")
-                except ValueError:
-                    return False  # checkpoint-before-exit: the node is excluded
-                return isinstance(detail, dict) and not detail.get("blamed")
-        return False
+        kinds = self._failover_kinds(job_id)
+        return bool(kinds) and kinds[-1] == "unblamed"
 
     def _runtime_s(self, job_id: int) -> float:
         """Seconds the job ran over all its attempts (journal start/end)."""
@@ -433,8 +434,8 @@ class Daemon:
             self.slurm.release(job.job_id)
         fields = {"StartTime": "now"}
         target = steps.boosted_priority(self._top_priority, self.cfg.failover.priority_boost,
-                                        self.cfg.failover.priority_ceiling)
-        if target and target > (job.priority or 0):
+                                        self.cfg.failover.priority_ceiling, job.priority or 0)
+        if target:
             fields["Priority"] = str(target)
             self._boosted.add(job.job_id)
         self.slurm.update_job(job.job_id, **fields)

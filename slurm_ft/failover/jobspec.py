@@ -206,15 +206,19 @@ def from_admin_comment(text: str | None) -> FtOptions | None:
     if start is None:
         return None
     token = next((w for w in ws[start + 1:] if w.startswith("ft:")), None)
-    if token is None:
-        return None
+    return None if token is None else from_canonical(token, "admin_comment")
+
+
+def from_canonical(token: str, where: str = "recorded") -> FtOptions:
+    """Options from a canonical token (:func:`admin_token`), strictly: all four keys, in canonical
+    form. ``where`` names the record in errors. Raises :class:`ConfigError` otherwise."""
     values = parse_token(token)
     missing = [k for k, (field, _) in _KEYS.items() if field not in values]
     if missing:
-        raise ConfigError(f"admin_comment ft token lacks {', '.join(missing)}: {token[:120]!r}")
+        raise ConfigError(f"{where} ft token lacks {', '.join(missing)}: {token[:120]!r}")
     opts = FtOptions(True, **values)
     if admin_token(opts) != token:
-        raise ConfigError(f"admin_comment ft token is not canonical: {token[:120]!r}")
+        raise ConfigError(f"{where} ft token is not canonical: {token[:120]!r}")
     return opts
 
 

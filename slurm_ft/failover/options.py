@@ -17,20 +17,8 @@ The live comment is never read again for a job already on record: an owner's
 
 from __future__ import annotations
 
-from ..errors import ConfigError
-from . import jobspec
+from . import jobspec, policy
 from .jobspec import FtOptions
-
-#: Word standing in for the state when a recorded token is parsed back.
-_RECORDED = "slurm-ft:recorded "
-
-
-def from_record(token: str) -> FtOptions:
-    """Options from a recorded canonical token (``jobs.ft_options``). Raises :class:`ConfigError`."""
-    opts = jobspec.from_admin_comment(_RECORDED + token)
-    if opts is None:
-        raise ConfigError(f"recorded ft options unreadable: {token[:120]!r}")
-    return opts
 
 
 def trusted_options(job, journal, failover_cfg) -> FtOptions:
@@ -41,7 +29,7 @@ def trusted_options(job, journal, failover_cfg) -> FtOptions:
     then ``not-configured``)."""
     row = journal.job(job.job_id)
     if row is not None and row.get("ft_options"):
-        return jobspec.clamp(from_record(row["ft_options"]), failover_cfg.max_retries)
+        return jobspec.clamp(jobspec.from_canonical(row["ft_options"], "jobs.ft_options"), failover_cfg.max_retries)
     opts = jobspec.from_admin_comment(job.admin_comment)
     if opts is None:
         opts = jobspec.from_comment(job.comment, failover_cfg.retries)
@@ -50,7 +38,7 @@ def trusted_options(job, journal, failover_cfg) -> FtOptions:
     opts = jobspec.clamp(opts, failover_cfg.max_retries)
     fields = {"ft_options": jobspec.admin_token(opts), "retries": opts.retries}
     if row is None:
-        journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=1, ft_state="running",
+        journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=1, ft_state=policy.RUNNING,
                            excluded_nodes="", **fields)
     else:
         journal.upsert_job(job.job_id, **fields)
@@ -62,4 +50,4 @@ def admin_comment(journal, job_id: int, state_text: str) -> str:
     keeping the options record next to the state users see in ``squeue``."""
     row = journal.job(job_id)
     token = row.get("ft_options") if row else None
-    return f"slurm-ft:{state_text}" + (f" {token}" if token else "")
+    return f"{jobspec.ADMIN_LEADER}{state_text}" + (f" {token}" if token else "")

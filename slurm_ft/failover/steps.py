@@ -27,12 +27,14 @@ def top_priority(jobs: list[Job], boosted: set[int] | frozenset[int] = frozenset
                default=0)
 
 
-def boosted_priority(top: int, boost: int, ceiling: int = 0) -> int:
-    """``top + boost``, at most ``ceiling`` (``[failover] priority_ceiling``; 0 = Slurm's maximum);
-    0 when ``boost`` is 0 (keep Slurm's priority)."""
+def boosted_priority(top: int, boost: int, ceiling: int = 0, current: int = 0) -> int:
+    """The priority to set: ``top + boost``, at most ``ceiling`` (``[failover] priority_ceiling``;
+    0 = Slurm's maximum); 0 (keep Slurm's priority) when ``boost`` is 0 or the job's ``current``
+    priority is already that high."""
     if not boost:
         return 0
-    return min(ceiling or MAX_PRIORITY, MAX_PRIORITY, top + boost)
+    target = min(ceiling or MAX_PRIORITY, MAX_PRIORITY, top + boost)
+    return target if target > current else 0
 
 
 def node_count(job: Job) -> int:
@@ -50,7 +52,7 @@ def usable_nodes(job: Job, nodes: list, excluded: list[str]) -> int:
     may bring them back; an excluded one is never used by this job again)."""
     part = job.raw.get("partition", "")
     return sum(1 for n in nodes
-               if not (part and n.raw.get("partitions") and part not in n.raw["partitions"])
+               if not (part and n.partitions and part not in n.partitions)
                and n.name not in excluded)
 
 
@@ -98,8 +100,8 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
         fields = {"AdminComment": admin_comment(journal, job_id, policy.FAILOVER)}
         if excluded:
             fields["ExcNodeList"] = ",".join(excluded)
-        target = boosted_priority(top, priority_boost, ceiling)
-        if target and target > (fresh.priority or 0):
+        target = boosted_priority(top, priority_boost, ceiling, fresh.priority or 0)
+        if target:
             fields["Priority"] = str(target)
     step = journal.intend(job_id, attempt, "update", str(job_id), " ".join(f"{k}={v}" for k, v in fields.items()))
     try:

@@ -21,9 +21,9 @@ def drain_reason(results) -> str | None:
 
 def journal_results(cfg, node: str, results, job_id: int | None, log) -> None:
     """Every result, pass or not, goes to the node's journal (trends for the drain report)."""
-    from ..journal import open_journal
+    from ..journal import open_node_journal
     try:
-        with open_journal(cfg.node_journal_path(node)) as journal:
+        with open_node_journal(cfg, node) as journal:
             journal.add_health(node, [r.to_dict() for r in results], job_id=job_id)
     except SlurmFTError as exc:
         log(f"health results not journaled: {exc}")

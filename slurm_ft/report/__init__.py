@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..drain import LEADER
 from ..errors import SlurmFTError
-from ..journal import open_journal
+from ..journal import open_daemon_journal, open_journal
 from ..textsafe import terminal_safe
 
 
@@ -51,7 +51,7 @@ def collect(cfg, slurm, *, since_s: float = 7 * 86400, node_journals: str | None
             drained.append(NodeRow(n.name, "+".join([n.state, *n.flags]), n.reason,
                                    n.reason.startswith(LEADER), changed or None))
     data = ReportData(now, since, drained, [], defaultdict(Counter), Counter())
-    with open_journal(cfg.journal.path, readonly=True) as j:
+    with open_daemon_journal(cfg, readonly=True) as j:
         data.drains = list(j.db.query(
             "SELECT job_id, attempt, target AS node, detail AS reason, status, created FROM actions "
             "WHERE action = 'drain' AND created >= ? ORDER BY created DESC", [since]))
