@@ -4,6 +4,11 @@ its checkpoint signal (``$SLURM_FT_CKPT_SIGNUM``, default SIGUSR1), resumes from
 
 Checkpoints are fenced by attempt (``SLURM_RESTART_COUNT``): a stale copy of an older attempt
 (e.g. still running on a node Slurm lost) never overwrites a newer attempt's checkpoint.
+
+On the checkpoint signal it saves, reports ``saved`` to slurm-ft (the ack in the job's comment,
+slurm_ft/checkpoint/channel.py; skipped when slurm_ft cannot be imported) and waits: slurm-ft
+requeues the job (a drain, or the time limit) and it resumes from that step. With ``srun -n N``
+only rank 0 (``SLURM_PROCID``) saves and reports; the other ranks just wait too.
 """
 
 import argparse
@@ -12,6 +17,12 @@ import os
 import signal
 import sys
 import time
+
+try:  # the ack channel; the repo checkout is on the path when this file runs from examples/
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    from slurm_ft.checkpoint import channel
+except ImportError:  # pragma: no cover - slurm_ft not installed where the job runs
+    channel = None
 
 
 def load(path):
@@ -45,6 +56,8 @@ def main():
     args = ap.parse_args()
 
     attempt = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    rank = int(os.environ.get("SLURM_PROCID") or 0)
+    reporter = channel.Reporter.from_env() if channel is not None and rank == 0 else None
     node = os.environ.get("SLURMD_NODENAME", "?")
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     state = load(args.ckpt)
@@ -61,11 +74,18 @@ def main():
     while step < args.steps:
         time.sleep(args.step_time)
         step += 1
-        if step % args.every == 0 or want_save:
-            if save(args.ckpt, step, attempt) and want_save:
+        if want_save:
+            if rank == 0 and save(args.ckpt, step, attempt):
                 print(f"attempt {attempt}: checkpoint at step {step} on signal", flush=True)
-            want_save.clear()
-    save(args.ckpt, step, attempt)
+                if reporter is not None:
+                    channel.report_quietly(reporter, "saved", step, args.ckpt)
+            print(f"attempt {attempt} rank {rank}: saved, waiting for slurm-ft to requeue the job", flush=True)
+            while True:
+                time.sleep(1)
+        if step % args.every == 0 and rank == 0:
+            save(args.ckpt, step, attempt)
+    if rank == 0:
+        save(args.ckpt, step, attempt)
     print(f"attempt {attempt} on {node}: done at step {step}", flush=True)
     return 0
 

@@ -51,7 +51,10 @@ def daemon(once: bool, config_path: str | None, verbose: bool) -> None:
 def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, only_jobs: tuple[int, ...],
           config_path: str | None) -> None:
     """Drain NODE (root, controller host); with --checkpoint, checkpoint-before-exit its ft-enabled
-    jobs (signal every task, wait for the save) and requeue them excluding NODE."""
+    jobs (signal the processes that catch the job's checkpoint signal, wait for the save) and
+    requeue them excluding NODE. Exit status 3 when a job ended instead of saving, did not ack
+    in time, or could not be requeued; 0 when each one saved (or had nothing that could save
+    and was requeued)."""
     from .checkpoint.evacuate import LEADER, drain as drain_with_reason, evacuate_node
     from .journal import open_daemon_journal
     from .slurm import Slurm
@@ -69,35 +72,53 @@ def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, o
                                      failover_cfg=cfg.failover)
     except SlurmFTError as exc:
         raise _fail(exc) from None
+    bad = 0
     for o in outcomes:
         if o.result == "skipped":
             click.echo(f"job {o.job_id}: left running ({o.detail})")
+        elif o.result != "saved" and not (o.result == "unprepared" and o.requeued):
+            bad += 1
+    if bad:
+        # the job died instead of saving, never acked, or was not requeued: the admin must know
+        raise SystemExit(3)
 
 
 @main.command()
-@click.option("--format", "fmt", type=click.Choice(["text", "html"]), default="text", show_default=True,
-              help="Plain text, or an HTML page (all node reasons and evidence escaped).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write to this file.")
+@click.option("--format", "fmt", type=click.Choice(["text", "html", "json"]), default=None,
+              help="Plain text (default), an HTML page (every reason and name escaped), or JSON.")
+@click.option("--json", "as_json", is_flag=True, help="JSON; the same as --format json.")
+@click.option("-o", "--output", metavar="FILE", help="Write to this file (replaced whole, never through a symlink).")
 @click.option("--days", type=click.FloatRange(min=0, min_open=True), default=7.0, show_default=True,
               help="Look-back window in days.")
-@click.option("--node-journals", metavar="GLOB", help="Also read these node journals for health-check trends.")
+@click.option("--flap-threshold", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Flag a node or GPU with at least this many hardware faults in the window as flapping "
+                   "(RMA candidate).")
+@click.option("--node-journals", metavar="GLOB",
+              help="Also read these node journals: health-check episodes and GPU indices.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
-def report(fmt: str, output: str | None, days: float, node_journals: str | None, config_path: str | None) -> None:
-    """Drain report for admins: nodes out of service and why, slurm-ft's drains, Xids and failed
-    health checks per node."""
-    from .report import collect, render
+def report(fmt: str | None, as_json: bool, output: str | None, days: float, flap_threshold: int,
+           node_journals: str | None, config_path: str | None) -> None:
+    """Drain report for admins: nodes out of service and who took them out (slurm-ft for a fault
+    or a health check, an admin, Slurm), drains in the window with counts that add up, flapping
+    nodes and GPUs (RMA candidates), Xids and failed health checks per node and GPU."""
+    from .report import check_output, collect, render, write_report
     from .slurm import Slurm
+    from .textsafe import terminal_safe
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} contradict each other")
+    fmt = "json" if as_json else fmt or "text"
     try:
+        if output:
+            check_output(output)           # before asking Slurm: a typo in -o fails at once
         cfg = config_mod.load(config_path)
-        text = render(collect(cfg, Slurm.from_config(cfg), since_s=days * 86400, node_journals=node_journals), fmt)
+        data = collect(cfg, Slurm.from_config(cfg), since_s=days * 86400, node_journals=node_journals,
+                       flap_threshold=flap_threshold)
+        text = render(data, fmt)
+        if output:
+            write_report(output, text)
     except SlurmFTError as exc:
-        raise _fail(exc) from None
-    if output:
-        with open(output, "w") as fh:
-            fh.write(text)
-        click.echo(f"wrote {output}")
-    else:
-        click.echo(text)
+        raise click.ClickException(terminal_safe(str(exc))) from None
+    click.echo(f"wrote {terminal_safe(output)}" if output else text)
 
 
 # ------------------------------------------------------------------------------------------ lab

@@ -58,6 +58,18 @@ class FailoverConfig:
     #: Highest priority slurm-ft ever gives a job (0 = Slurm's maximum). A failed-over job goes
     #: ``priority_boost`` above the highest job *not* boosted by slurm-ft, never above this.
     priority_ceiling: int = 0
+    #: Requeues per job for evacuations (an admin's ``scontrol requeue``, ``slurm-ft drain
+    #: --checkpoint``, a health-check evacuation): not faults, never taken from ``retries``;
+    #: past this bound an evacuated job is left to run to its end on the draining node.
+    max_evacuations: int = 10
+    #: Requeues per job at its time limit after an exit checkpoint (``timeout`` once used up).
+    #: Not faults, never taken from ``retries``; 0 = ft jobs simply end at their time limit.
+    max_continuations: int = 10
+    #: What a failover does when excluding the blamed node leaves the job unable to run
+    #: (pinned with ``-w``, a feature only that node has, too few nodes): ``hold`` (held with a
+    #: reason saying so; an admin or the owner decides) or ``relax`` (drop the blamed node from
+    #: the job's required node list where that suffices; otherwise held).
+    unsatisfiable: str = "hold"
     #: Drain the node blamed by a hardware verdict.
     drain: bool = True
     #: Seconds between daemon cycles.
@@ -171,6 +183,12 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"breaker.max_fraction: must be in (0, 1], got {b.max_fraction}")
     if b.window_s <= 0:
         raise ConfigError(f"breaker.window_s: must be > 0, got {b.window_s}")
+    if f.max_evacuations < 0:
+        raise ConfigError(f"failover.max_evacuations: must be >= 0, got {f.max_evacuations}")
+    if f.max_continuations < 0:
+        raise ConfigError(f"failover.max_continuations: must be >= 0, got {f.max_continuations}")
+    if f.unsatisfiable not in ("hold", "relax"):
+        raise ConfigError(f"failover.unsatisfiable: must be 'hold' or 'relax', got {f.unsatisfiable!r}")
     if f.mailbox_keep < 1:
         raise ConfigError(f"failover.mailbox_keep: must be >= 1, got {f.mailbox_keep}")
     if f.priority_boost < 0:

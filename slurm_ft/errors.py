@@ -17,6 +17,11 @@ class SlurmCommandError(SlurmFTError):
     """A Slurm command failed, timed out, or printed output we cannot parse."""
 
 
+class HostlistError(SlurmCommandError):
+    """A Slurm hostlist (``n[1-3],gpu[07-08]``) or index list (``0-1,3``) is malformed; the message
+    quotes it. A :class:`SlurmCommandError` because such lists come from Slurm's output."""
+
+
 class EvidenceError(SlurmFTError):
     """An evidence source (kernel log, job output) cannot be read safely."""
 

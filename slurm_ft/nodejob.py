@@ -14,6 +14,9 @@ import re
 import time
 from dataclasses import dataclass
 
+from .errors import HostlistError
+from .slurm import split_indices
+
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -35,13 +38,10 @@ def parse_gpu_list(value: str | None) -> tuple[int, ...] | None:
     """``SLURM_JOB_GPUS`` ("0,1" or "0-1,3") -> (0, 1, 3); None when unset/empty."""
     if not value:
         return None
-    out: list[int] = []
-    for part in value.split(","):
-        a, _, b = part.partition("-")
-        if not a.isdigit() or (b and not b.isdigit()):
-            raise BadEnvironment(f"SLURM_JOB_GPUS={value!r} is not a GPU index list")
-        out.extend(range(int(a), int(b or a) + 1))
-    return tuple(out)
+    try:
+        return tuple(split_indices(value))
+    except HostlistError:
+        raise BadEnvironment(f"SLURM_JOB_GPUS={value!r} is not a GPU index list") from None
 
 
 def wait_status(status: int | None) -> tuple[int | None, int | None]:

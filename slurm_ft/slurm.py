@@ -16,7 +16,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from .errors import SlurmCommandError
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+from ClusterShell.RangeSet import RangeSet, RangeSetException
+
+from .errors import HostlistError, SlurmCommandError
 
 #: Fixed PATH for every child: root code never trusts the caller's PATH.
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -47,16 +50,20 @@ class Slurm:
         return cls(bin_dir=config.slurm.bin_dir, timeout_s=config.slurm.command_timeout_s)
 
     # -- plumbing -----------------------------------------------------------------
-    def run(self, cmd: str, *args: str, check: bool = True, timeout_s: float | None = None) -> subprocess.CompletedProcess:
+    def run(self, cmd: str, *args: str, check: bool = True, timeout_s: float | None = None,
+            as_user: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
         """Run ``bin_dir/cmd args...``; returns the CompletedProcess (text).
 
+        ``as_user``: (uid, gid) to run it as (root only; no supplementary groups, cwd ``/``), e.g.
+        a step inside a user's job, which Slurm refuses to root.
         Raises :class:`SlurmCommandError` on timeout, a missing binary, or (``check``) rc != 0.
         """
         argv = [os.path.join(self.bin_dir, cmd), *args]
+        who = {} if as_user is None else {"user": as_user[0], "group": as_user[1], "extra_groups": [], "cwd": "/"}
         try:
             proc = subprocess.run(
                 argv, capture_output=True, text=True, errors="replace",
-                timeout=timeout_s or self.timeout_s, env=self._env, stdin=subprocess.DEVNULL,
+                timeout=timeout_s or self.timeout_s, env=self._env, stdin=subprocess.DEVNULL, **who,
             )
         except FileNotFoundError:
             raise SlurmCommandError(f"{argv[0]}: not found (is Slurm installed?)") from None
@@ -127,9 +134,7 @@ class Slurm:
         held: dict[str, set[int]] = {}
         for m in re.finditer(r"Nodes=(\S+)\s.*?IDX:([\d,-]+)\)", out):
             for node in split_nodes(m.group(1)):
-                for part in m.group(2).split(","):
-                    a, _, b = part.partition("-")
-                    held.setdefault(node, set()).update(range(int(a), int(b or a) + 1))
+                held.setdefault(node, set()).update(split_indices(m.group(2)))
         return held
 
     # -- actions --------------------------------------------------------------------
@@ -164,21 +169,68 @@ class Slurm:
             time.sleep(interval_s)
 
 
-def split_nodes(expr: str) -> list[str]:
-    """Expand a Slurm hostlist expression (``n[1-3],gpu[07-08]``) into node names."""
-    if not expr or expr in ("(null)", "None"):
-        return []
-    out: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", expr):
-        prefix, ranges = m.group(1), m.group(2)
-        if not ranges:
-            out.append(prefix)
+#: Set operators and separators of ClusterShell's grammar that Slurm's hostlists do not have:
+#: rejected rather than silently applied (``n[1-3]!n2`` is no Slurm hostlist).
+_NOT_HOSTLIST = re.compile(r"[!&^\s]")
+_EMPTY = ("", "(null)", "None")
+
+
+def _nodeset(exprs) -> NodeSet:
+    """The union of hostlist ``exprs`` (a string or an iterable of them; empty ones, ``(null)`` and
+    ``None`` skipped), parsed by ClusterShell with group resolution off (no ``@group`` lookups)."""
+    nodes = NodeSet(resolver=RESOLVER_NOGROUP)
+    for expr in [exprs] if isinstance(exprs, str) else exprs:
+        expr = str(expr).strip()
+        if expr in _EMPTY:
             continue
-        for part in ranges.split(","):
-            a, _, b = part.partition("-")
-            width = len(a)
-            for i in range(int(a), int(b or a) + 1):
-                out.append(f"{prefix}{i:0{width}d}")
+        bad = _NOT_HOSTLIST.search(expr)
+        if bad:
+            raise HostlistError(f"not a Slurm hostlist: {expr!r} (unexpected {bad.group()!r})")
+        try:
+            nodes.update(NodeSet(expr, resolver=RESOLVER_NOGROUP))
+        except NodeSetException as exc:
+            raise HostlistError(f"not a Slurm hostlist: {expr!r} ({exc})") from None
+    return nodes
+
+
+def split_nodes(expr: str | list[str] | None) -> list[str]:
+    """Expand a Slurm hostlist expression into node names (ClusterShell's ``NodeSet``).
+
+    ``expr``: a string as Slurm prints it (``squeue --json`` ``nodes``/``excluded_nodes``,
+    ``scontrol -o`` ``Nodes=``), or a list of names/expressions (24.11 JSON lists nodes as arrays).
+    Empty, ``"(null)"``, ``"None"`` and None give ``[]``. Returns the names sorted the way
+    ClusterShell folds them (by pattern, then index), each once::
+
+        split_nodes("gpu[01-02]-ib")      == ["gpu01-ib", "gpu02-ib"]
+        split_nodes("n[1-3],gpu[07-08]")  == ["gpu07", "gpu08", "n1", "n2", "n3"]
+        split_nodes("a[1-2]b[3-4]")       == ["a1b3", "a1b4", "a2b3", "a2b4"]
+        split_nodes(["n1", "n[2-3]"])     == ["n1", "n2", "n3"]
+
+    Raises :class:`HostlistError` on a malformed expression (``gpu[1``, ``n[3-1]``, ``n[1-3]!n2``).
+    """
+    return [] if expr is None else list(_nodeset(expr))
+
+
+def compress_nodes(names) -> str:
+    """Fold node names (or hostlist expressions; a string or an iterable) into one Slurm hostlist,
+    the inverse of :func:`split_nodes`: ``["n1", "n2", "n3", "gpu07"]`` -> ``"gpu07,n[1-3]"``;
+    ``["gpu01-ib", "gpu02-ib"]`` -> ``"gpu[01-02]-ib"``; ``[]`` -> ``""``. Duplicates fold away.
+    Raises :class:`HostlistError` on a name that is not one (``"n1 n2"``, ``"gpu]"``)."""
+    return str(_nodeset(names))
+
+
+def split_indices(expr: str) -> list[int]:
+    """Expand a Slurm index list (GPU ``IDX:0-1,3``, ``SLURM_JOB_GPUS=0,2-3``) with ClusterShell's
+    ``RangeSet``: ``"0-1,3"`` -> ``[0, 1, 3]``; ``""`` -> ``[]``. Raises :class:`HostlistError` on
+    anything else (``"0;rm"``, ``"3-1"``, ``"-1"``)."""
+    if not expr:
+        return []
+    try:
+        out = [] if _NOT_HOSTLIST.search(expr) else list(RangeSet(expr).intiter())
+    except RangeSetException as exc:
+        raise HostlistError(f"not an index list: {expr!r} ({exc})") from None
+    if not out or min(out) < 0:
+        raise HostlistError(f"not an index list: {expr!r}")
     return out
 
 
@@ -225,6 +277,9 @@ def _states(value) -> list[str]:
 
 
 def _nodes(value) -> str:
+    """A hostlist string as-is; a list of names (24.11 arrays) folded into one; else ""."""
+    if isinstance(value, list):
+        return compress_nodes(str(v) for v in value)
     return value if isinstance(value, str) else ""
 
 
@@ -282,7 +337,7 @@ class Job:
             comment=j.get("comment", "") or "",
             admin_comment=j.get("admin_comment", "") or "",
             requeue=bool(j.get("requeue")),
-            excluded_nodes=j.get("excluded_nodes", "") or "",
+            excluded_nodes=_nodes(j.get("excluded_nodes")),
             raw=j,
         )
 

@@ -9,6 +9,10 @@ import shutil
 import pytest
 
 LAB_DIR = os.environ.get("SLURM_FT_LAB_DIR", "/var/tmp/slurm-ft-lab")
+#: Nodes of the lab (n1..nN). A private lab beside the main one can use more nodes than the main
+#: lab has, so that its faults land on node names (and GPU bus ids, in the one kernel log all labs
+#: share) that no other lab has.
+LAB_NODES = int(os.environ.get("SLURM_FT_LAB_NODES", "3"))
 
 
 def _lab_possible() -> str | None:
@@ -27,7 +31,7 @@ def lab():
         pytest.skip(why)
     from slurm_ft.lab.cluster import Lab
     lab = Lab(LAB_DIR)
-    lab.up(nodes=3, daemon=True, log=lambda *_: None)
+    lab.up(nodes=LAB_NODES, daemon=True, log=lambda *_: None)
     lab.daemon_start()  # always the daemon of the code under test
     return lab
 

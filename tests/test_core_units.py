@@ -93,13 +93,13 @@ def test_policy_budget_exhausted_and_zero():
                          seconds_since_end=0).kind == policy.MAX_RETRIES
 
 
-def test_policy_user_fault_is_internal_error_and_waits_for_verdicts():
+def test_policy_user_fault_is_user_error_and_waits_for_verdicts():
     assert policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[_v("n1", "user")], job_nodes=["n1"],
-                         seconds_since_end=0).kind == policy.INTERNAL_ERROR
+                         seconds_since_end=0).kind == policy.USER_ERROR
     assert policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[], job_nodes=["n1"],
                          seconds_since_end=0.5).kind == "wait"
     assert policy.decide(slurm_state="FAILED", failovers_done=0, retries=3, verdicts=[], job_nodes=["n1"],
-                         seconds_since_end=60).kind == policy.INTERNAL_ERROR
+                         seconds_since_end=60).kind == policy.FAILED
 
 
 def test_policy_node_fail_blames_the_job_nodes():
@@ -120,7 +120,7 @@ def test_drain_reason_and_hostlists():
     v = {"rule": "xid-79", "xids": [{"xid": 79, "bus_id": "0000:3b:00"}]}
     assert drain_reason(12, v) == "slurm-ft: Xid 79 on 0000:3b:00 (job 12)"
     assert drain_reason(12, {"rule": "slurm-node-fail", "xids": []}) == "slurm-ft: slurm-node-fail (job 12)"
-    assert _split_nodes("n[1-3],gpu07") == ["n1", "n2", "n3", "gpu07"]
+    assert _split_nodes("n[1-3],gpu07") == ["gpu07", "n1", "n2", "n3"]  # ClusterShell order
     assert _split_nodes("gpu[08-10]") == ["gpu08", "gpu09", "gpu10"]
     assert _split_nodes("") == []
 

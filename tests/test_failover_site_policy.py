@@ -50,7 +50,7 @@ def test_hardware_is_not_limited_by_the_unblamed_allowance():
 
 
 def test_plain_unknown_is_not_retried():
-    assert _decide([_v("n1", "unknown", "sigkill-text")]).kind == policy.INTERNAL_ERROR
+    assert _decide([_v("n1", "unknown", "sigkill-text")]).kind == policy.FAILED
 
 
 def test_priority_never_ratchets_and_respects_the_ceiling():

@@ -14,7 +14,7 @@ from slurm_ft.failover.daemon import Daemon
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import ckpt_step, job_gpu_index, submit_training, wait_for, wait_started
 from slurm_ft.lab.inject import inject_xid
-from slurm_ft.slurm import Slurm
+from slurm_ft.slurm import Slurm, split_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -34,12 +34,12 @@ def test_budget_exhaustion_accumulates_exclusions_and_drains(lab, slurm, ft_hist
     n0 = _fault(slurm, sub, 79, 0)
     n1 = _fault(slurm, sub, 48, 1)
     assert n1 != n0
-    assert sorted(slurm.job(sub.job_id).excluded_nodes.split(",")) == sorted([n0])
+    assert split_nodes(slurm.job(sub.job_id).excluded_nodes) == [n0]
     n2 = _fault(slurm, sub, 94, 2)
     assert n2 not in (n0, n1)
     h = ft_history(sub.job_id, lambda h: h["ft_state"] == "max-retries-exceeded")
     assert [a["verdict"] for a in h["attempts"]] == ["hardware"] * 3
-    assert sorted(h["excluded_nodes"].split(",")) == sorted([n0, n1])
+    assert split_nodes(h["excluded_nodes"]) == split_nodes([n0, n1])
     final = slurm.job(sub.job_id)
     assert final.state == "FAILED" and final.restart_count == 2
     for n in (n0, n1, n2):
@@ -172,7 +172,7 @@ def test_daemon_killed_at_each_step_resumes_once(lab, slurm, no_lab_daemon, cras
         time.sleep(0.2)
     job = slurm.job(sub.job_id)
     assert job.restart_count == 1 and job.state == "RUNNING" and job.nodes != node
-    assert node in job.excluded_nodes.split(",")
+    assert node in split_nodes(job.excluded_nodes)
     assert slurm.show_node(node)["Reason"].startswith("slurm-ft: Xid 79")
     assert fresh.journal.pending_intents() == []
     fresh.journal.close()

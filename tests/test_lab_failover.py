@@ -23,7 +23,7 @@ def test_xid13_is_user_fault_not_requeued(lab, slurm, ft_history):
     first = wait_started(slurm, job)
     wait_for(lambda: ckpt_step(job.ckpt) >= 5, 60, "checkpoint")
     inject_xid(first.nodes, 13, job_gpu_index(slurm, job.job_id))
-    h = ft_history(job.job_id, lambda h: h["ft_state"] == "internal-error")
+    h = ft_history(job.job_id, lambda h: h["ft_state"] == "user-error")
     assert h["attempts"][0]["verdict"] == "user"
     assert any(x.startswith("13@") for x in h["attempts"][0]["xids"])
     time.sleep(1.0)

@@ -44,7 +44,11 @@ on_ckpt() {
   fi
   saved=1
 }
-if [ "$mode" = ignore ]; then trap '' "$SLURM_FT_CKPT_SIGNAL"; else trap on_ckpt "$SLURM_FT_CKPT_SIGNAL"; fi
+case "$mode" in
+  ignore) trap '' "$SLURM_FT_CKPT_SIGNAL" ;;
+  noack) trap ':' "$SLURM_FT_CKPT_SIGNAL" ;;
+  *) trap on_ckpt "$SLURM_FT_CKPT_SIGNAL" ;;
+esac
 echo "rank $SLURM_PROCID on $SLURMD_NODENAME attempt $attempt signal $SLURM_FT_CKPT_SIGNAL retries $SLURM_FT_RETRIES"
 while true; do
   [ $saved = 0 ] && step=$((step+1))
@@ -111,7 +115,7 @@ def test_drain_checkpoint_every_rank_saves_requeue_resume(spank_lab, slurm):
     assert out.step and out.step > 0 and out.path == str(d)
     assert sorted(p.name for p in d.glob("rank*.a0.saved")) == ["rank0.a0.saved", "rank1.a0.saved"]
     again = slurm.wait_job(job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1, 60, 0.2)
-    assert again is not None and node not in again.nodes and node in again.excluded_nodes
+    assert again is not None and node not in split_nodes(again.nodes) and node in split_nodes(again.excluded_nodes)
     wait_for(lambda: "resuming from step" in (d / "out.log").read_text(), 30, "ranks to resume")
     text = (d / "out.log").read_text()
     assert "attempt 0" in text and "attempt 1" in text, "output not in append mode"
@@ -129,19 +133,41 @@ def test_drain_checkpoint_every_rank_saves_requeue_resume(spank_lab, slurm):
 def test_job_ignoring_signal_times_out_and_is_requeued(spank_lab, slurm):
     lab = spank_lab
     d = _workdir(lab)
-    job_id = _submit_ranks(lab, d, "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=3", nodes=1, mode="ignore")
+    job_id = _submit_ranks(lab, d, "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=3", nodes=1, mode="noack")
     job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
     wait_for(lambda: (d / "out.log").exists() and "attempt 0" in (d / "out.log").read_text(), 30, "rank up")
     with _journal(lab) as journal:
         outcomes = evacuate_node(slurm, journal, job.nodes, default_retries=3, log=lambda *_: None)
     out = next(o for o in outcomes if o.job_id == job_id)
-    assert out.result == "timeout" and out.requeued
+    assert out.result == "timeout" and out.requeued and out.delivery.signalled == 1, out
     assert 3.0 <= out.waited_s < 6.0
     with _journal(lab) as journal:
         h = history(journal, job_id)
     assert h["attempts"][0]["checkpoint"]["result"] == "timeout"
     again = slurm.wait_job(job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1, 60, 0.2)
     assert again is not None and again.nodes != job.nodes
+    slurm.run("scancel", str(job_id))
+
+
+def test_job_ignoring_signal_is_not_signalled_and_requeued_at_once(spank_lab, slurm):
+    """A program that ignores (or has no handler for) the checkpoint signal is not sent it: it
+    cannot save, so it is requeued at once as evacuated without a checkpoint, never killed."""
+    lab = spank_lab
+    d = _workdir(lab)
+    job_id = _submit_ranks(lab, d, "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=30", nodes=1, mode="ignore")
+    job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
+    wait_for(lambda: (d / "out.log").exists() and "attempt 0" in (d / "out.log").read_text(), 30, "rank up")
+    with _journal(lab) as journal:
+        outcomes = evacuate_node(slurm, journal, job.nodes, default_retries=3, log=lambda *_: None)
+    out = next(o for o in outcomes if o.job_id == job_id)
+    assert out.result == "unprepared" and out.requeued and out.delivery.signalled == 0, out
+    assert any(s["why"] == "ignores the signal" for n in out.delivery.nodes for s in n.skipped)
+    again = slurm.wait_job(job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1, 60, 0.2)
+    assert again is not None and again.nodes != job.nodes
+    with _journal(lab) as journal:
+        h = history(journal, job_id)
+        assert journal.failovers_done(job_id) == 0      # an evacuation is not a fault
+    assert h["ft_state"] in ("evacuated", "running")
     slurm.run("scancel", str(job_id))
 
 

@@ -4,15 +4,20 @@ Used by ``slurm-ft drain NODE --checkpoint`` (root, controller host) and meant f
 that is about to end a running job (a health check or Xid that leaves the job alive):
 :func:`evacuate_node` / :func:`checkpoint_and_requeue`.
 
-1. **notify**: the job's checkpoint signal (``--ft-ckpt-signal``) to every task of every step on
-   every node (``scancel --signal=SIG J``); a job with no step but its batch script gets it in the
-   batch shell (``--batch``; the script should ``exec`` the trainer). Journal: ``ckpt-notify``.
+1. **notify**: the job's checkpoint signal (``--ft-ckpt-signal``) to every process of the job, on
+   every node, that has a handler for it (deliver.py): step tasks and the batch script's
+   children alike; a batch shell without a ``trap`` and a program without a handler are left
+   alone, never killed. Journal: ``ckpt-notify`` (``evacuation: ...`` or ``time-limit: ...``, with
+   what was signalled). Nothing catches the signal: no wait, the job is requeued at once
+   ("evacuated without a checkpoint").
 2. **wait** (bounded by ``--ft-ckpt-wait``): poll the job's comment for an ack of this attempt
-   newer than the notify (channel.py); ``saved``/``failed`` end the wait, so does the job ending.
-   Journal: ``ckpt-ack`` (done: saved; failed: failed) or ``ckpt-timeout``.
-3. **requeue** within the retry budget: ``scontrol requeue``, ``ExcNodeList`` += the node, priority
-   above every waiting job, ``StartTime=now`` once out of COMPLETING (the daemon does the same each
-   cycle for a job in ``failover-in-progress``). Out of budget: the job is left to end.
+   newer than the notify (channel.py); ``saved``/``failed`` end the wait, so does the job ending
+   (then the daemon requeues it: an attempt that ends after slurm-ft's signal is an evacuation,
+   never the user's error). Journal: ``ckpt-ack`` (done: saved; failed: failed) or ``ckpt-timeout``.
+3. **requeue** within the site's evacuation bound (``[failover] max_evacuations``; not the
+   retry budget: an evacuation is not a fault): ``scontrol requeue``, ``ExcNodeList`` += the
+   node, priority above every waiting job, ``StartTime=now`` once out of COMPLETING. Past the
+   bound the job is left to run to its end on the draining node.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from ..errors import ConfigError, SlurmCommandError
 from ..failover import jobspec, policy, steps
 from ..slurm import Job, Slurm, split_nodes
 from . import channel
+from .deliver import Delivery, signal_job
 
 #: An ack may carry a time a little before the notify (clocks of nodes and controller differ).
 CLOCK_SKEW_S = 5.0
@@ -34,36 +40,33 @@ CLOCK_SKEW_S = 5.0
 class Outcome:
     job_id: int
     attempt: int
-    result: str                      # saved | failed | timeout | ended | skipped
+    result: str                      # saved | failed | timeout | ended | unprepared | skipped
     step: int | None = None
     path: str | None = None
     waited_s: float = 0.0
     requeued: bool = False
     detail: str = ""
     opts: jobspec.FtOptions | None = field(default=None, repr=False)
+    delivery: Delivery | None = field(default=None, repr=False)
 
 
-def user_steps(slurm: Slurm, job_id: int) -> list[str]:
-    """Step ids of the job other than batch/extern (``squeue -s``)."""
-    out = slurm.run("squeue", "-h", "-s", f"--jobs={job_id}", "-o", "%i", check=False).stdout
-    return [s for s in out.split() if "." in s and s.split(".", 1)[1] not in ("batch", "extern")]
+def notify(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, why: str,
+           purpose: str = policy.NOTIFY_EVACUATION) -> Delivery:
+    """Send the checkpoint signal to the job's processes that catch it (deliver.py); journal it
+    as ``ckpt-notify`` with detail ``<purpose>: <what was signalled>; wait S s; <why>`` (status
+    done: something was signalled; skipped: nothing catches the signal; failed: the step could not
+    run). Returns the delivery; its journal time is the notify time."""
+    delivery = signal_job(slurm, job, opts.ckpt_signal)
+    status = "failed" if delivery.error else ("done" if delivery.signalled else "skipped")
+    journal.record(job.job_id, job.restart_count, "ckpt-notify", job.nodes,
+                   f"{purpose}: {delivery.summary()}; wait {opts.ckpt_wait_s} s; {why}", status=status)
+    return delivery
 
 
-def notify(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, why: str) -> float:
-    """Send the checkpoint signal to every task; journal it; returns the notify time."""
-    steps = user_steps(slurm, job.job_id)
-    how = ["--batch"] if not steps else []
-    target = "every task of steps " + ",".join(steps) if steps else "the batch shell"
-    t = time.time()
-    step = journal.intend(job.job_id, job.restart_count, "ckpt-notify", job.nodes,
-                          f"SIG{opts.ckpt_signal} to {target}; wait {opts.ckpt_wait_s} s; {why}")
-    try:
-        slurm.run("scancel", f"--signal={opts.ckpt_signal}", *how, str(job.job_id))
-    except SlurmCommandError as exc:
-        journal.finish(step, "failed", str(exc))
-        raise
-    journal.finish(step)
-    return t
+def notify_purpose(detail: str | None) -> str:
+    """What a journaled ``ckpt-notify`` was for (rows before purposes existed: evacuation)."""
+    return policy.NOTIFY_TIME_LIMIT if (detail or "").startswith(policy.NOTIFY_TIME_LIMIT + ":") \
+        else policy.NOTIFY_EVACUATION
 
 
 def wait_acks(slurm: Slurm, journal, pending: dict[int, tuple[Job, jobspec.FtOptions, float, float]],
@@ -110,36 +113,45 @@ def ack_detail(ack: channel.Ack) -> str:
     return " ".join(parts)
 
 
-def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: list[str], *, why: str,
-            priority_boost: int = 1000, settle_s: float = 15.0) -> bool:
-    """Requeue in place, excluding ``exclude``; False (journaled) when the budget is used up.
+def evacuations_done(journal, job_id: int) -> int:
+    """Evacuation requeues done for the job (journal ``evacuation`` actions)."""
+    return sum(1 for a in journal.actions(job_id) if a["action"] == "evacuation" and a["status"] == "done")
 
-    Journaled so the concurrently running daemon cooperates: a ``decide`` row (``failover: ...``)
-    before the requeue tells it slurm-ft, not Slurm after a node failure, requeued this attempt; a
-    ``failover`` row (done) after it counts against the retry budget as the daemon's own failovers
-    do. (A pending ``failover`` *intent* would be taken over by the daemon's crash recovery while
-    this is still running, hence not used.) While the job is pending in ``failover-in-progress``
-    the daemon also clears the requeue delay each cycle.
+
+def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: list[str], *, why: str,
+            priority_boost: int = 1000, settle_s: float = 15.0, max_evacuations: int = 10,
+            unsatisfiable: str = "hold") -> bool:
+    """Requeue in place as an evacuation, excluding ``exclude``; False (journaled) when the site's
+    evacuation bound is used up (then the job runs on) or Slurm refused.
+
+    Journaled so the concurrently running daemon cooperates: a ``decide`` row (``evacuate: ...``)
+    before the requeue tells it slurm-ft, not Slurm or an admin, requeued this attempt; an
+    ``evacuation`` row (done) after it counts against ``max_evacuations`` (never the retry budget).
+    While the job is pending in ``evacuated`` the daemon clears the requeue delay.
     """
     attempt = job.restart_count
-    if journal.failovers_done(job.job_id) >= opts.retries:
+    if evacuations_done(journal, job.job_id) >= max_evacuations:
         journal.record(job.job_id, attempt, "requeue", str(job.job_id),
-                       f"not requeued: retry budget {opts.retries} used up; the job runs on", status="skipped")
+                       f"not requeued: site bound of {max_evacuations} evacuations used up; the job runs on",
+                       status="skipped")
         return False
     journal.upsert_attempt(job.job_id, attempt, nodes=job.nodes or None, start=job.start_time, end=time.time(),
                            state="REQUEUED")
-    journal.record(job.job_id, attempt, "decide", ",".join(exclude), f"failover: checkpoint-before-exit ({why})")
-    journal.set_ft_state(job.job_id, policy.FAILOVER)
+    journal.record(job.job_id, attempt, "decide", ",".join(exclude), f"evacuate: checkpoint-before-exit ({why})")
+    journal.set_ft_state(job.job_id, policy.EVACUATED)
     refused = steps.requeue_in_place(slurm, journal, job.job_id, attempt)
     if refused:
         journal.set_ft_state(job.job_id, policy.RUNNING)
         return False
-    steps.exclude_and_boost(slurm, journal, job.job_id, attempt, list(exclude), nodes=slurm.nodes(),
-                            top=steps.top_priority(slurm.jobs(), journal.boosted_jobs()), priority_boost=priority_boost)
+    outcome = steps.exclude_and_boost(slurm, journal, job.job_id, attempt, list(exclude), nodes=slurm.nodes(),
+                                      top=steps.top_priority(slurm.jobs(), journal.boosted_jobs()),
+                                      priority_boost=priority_boost, unsatisfiable=unsatisfiable)
+    journal.record(job.job_id, attempt, "evacuation", ",".join(exclude), f"checkpoint-before-exit: {why}")
+    if outcome == "held":
+        return True
     left = slurm.wait_job(job.job_id, lambda j: not j.completing, settle_s, 0.1)
     if left is not None and left.state == "PENDING":
         steps.clear_requeue_delay(slurm, journal, left)
-    journal.record(job.job_id, attempt, "failover", ",".join(exclude), f"checkpoint-before-exit: {why}")
     return True
 
 
@@ -168,6 +180,7 @@ def checkpoint_and_requeue(slurm: Slurm, journal, jobs: list[Job], *, exclude: l
     fcfg = failover_cfg or dataclasses.replace(FailoverConfig(), retries=default_retries,
                                                max_retries=max(default_retries, FailoverConfig().max_retries))
     pending: dict[int, tuple] = {}
+    deliveries: dict[int, Delivery] = {}
     outcomes: list[Outcome] = []
     for job in jobs:
         try:
@@ -180,25 +193,42 @@ def checkpoint_and_requeue(slurm: Slurm, journal, jobs: list[Job], *, exclude: l
                                     detail="not ft-enabled" if not opts.enabled else f"state {job.state}"))
             continue
         ensure_journal_job(journal, job, opts)
-        t0 = notify(slurm, journal, job, opts, why)
+        t0 = time.time()
+        delivery = deliveries[job.job_id] = notify(slurm, journal, job, opts, why)
+        log(f"job {job.job_id}: {delivery.summary()}")
+        if not delivery.signalled:
+            done_now = Outcome(job.job_id, job.restart_count, "unprepared", opts=opts, delivery=delivery,
+                               detail="no process of the job catches the signal: requeued without a checkpoint"
+                               if not delivery.error else delivery.error)
+            outcomes.append(done_now)
+            continue
         limit = opts.ckpt_wait_s if wait_s is None else min(wait_s, opts.ckpt_wait_s)
         pending[job.job_id] = (job, opts, t0, t0 + limit)
-        log(f"job {job.job_id}: SIG{opts.ckpt_signal} sent, waiting up to {limit:g} s for its checkpoint")
+        log(f"job {job.job_id}: waiting up to {limit:g} s for its checkpoint")
     done = wait_acks(slurm, journal, pending, poll_s=poll_s)
     for job in jobs:
-        out = done.get(job.job_id)
+        out = done.get(job.job_id) or next((o for o in outcomes if o.job_id == job.job_id
+                                            and o.result == "unprepared"), None)
         if out is None:
             continue
-        log(f"job {job.job_id}: checkpoint {out.result} after {out.waited_s:.1f} s"
-            + (f" (step {out.step}, {out.path})" if out.step is not None or out.path else ""))
+        out.delivery = deliveries.get(job.job_id)
+        if out.result == "ended":
+            log(f"job {job.job_id}: ended instead of saving ({out.detail}); "
+                "the daemon requeues it as evacuated without a checkpoint")
+        elif out.result != "unprepared":
+            log(f"job {job.job_id}: checkpoint {out.result} after {out.waited_s:.1f} s"
+                + (f" (step {out.step}, {out.path})" if out.step is not None or out.path else ""))
         if requeue_jobs and out.result != "ended":
             fresh = slurm.job(job.job_id)
             if fresh is not None and fresh.state == "RUNNING" and fresh.restart_count == job.restart_count:
                 out.requeued = requeue(slurm, journal, fresh, out.opts, exclude, why=why,
-                                       priority_boost=priority_boost)
+                                       priority_boost=priority_boost, max_evacuations=fcfg.max_evacuations,
+                                       unsatisfiable=fcfg.unsatisfiable)
                 log(f"job {job.job_id}: " + ("requeued excluding " + ",".join(exclude) if out.requeued
-                                             else "not requeued (retry budget used up)"))
-        outcomes.append(out)
+                                             else f"not requeued (site bound of {fcfg.max_evacuations} "
+                                                  "evacuations used up, or Slurm refused): it runs on"))
+        if out not in outcomes:
+            outcomes.append(out)
     return outcomes
 
 

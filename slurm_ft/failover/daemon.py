@@ -35,8 +35,16 @@ from .options import admin_comment, trusted_options
 from ..slurm import split_nodes as _split_nodes
 
 log = logging.getLogger("slurm_ft.daemon")
-#: Node states in which a node cannot take the job (sinfo --json, lower- or upper-case).
-UNAVAILABLE = ("down", "drain", "fail", "maint", "unknown", "not_responding", "inval", "future")
+#: Why an attempt runs, by the ft state it left (AdminComment of a running or finished job).
+RESTART_WHY = {policy.FAILOVER: "after a failover", policy.REQUEUED: "after a failover",
+               policy.EVACUATED: "after an evacuation", policy.CONTINUED: "after a time-limit continuation"}
+#: Node states in which Slurm has lost a node (sinfo --json, lower- or upper-case).
+LOST = ("down", "not_responding", "no_respond")
+#: Slurm's INFINITE time limit (``0xfffffffe``) and above: no limit.
+INFINITE_MINUTES = 0xFFFFFFFE
+#: Seconds of slack, besides the job's --ft-ckpt-wait, between the time-limit checkpoint signal
+#: and the limit (the requeue itself takes ~1 s; slurmctld ends jobs at or after the limit).
+TIME_LIMIT_MARGIN_S = 10.0
 
 
 def signature(verdicts: list[dict]) -> tuple:
@@ -59,6 +67,7 @@ class Daemon:
         self._nodes: list = []
         self._children: list[subprocess.Popen] = []               # evacuations in progress
         self._gpus: dict[tuple[int, int], dict[str, set[int]]] = {}  # (job, attempt) -> node -> GPUs
+        self._wake: dict[int, float] = {}                         # job id -> when to look again
 
     # ------------------------------------------------------------------ loop
     def run(self, once: bool = False) -> None:
@@ -97,7 +106,7 @@ class Daemon:
         for job in jobs:
             snap = (job.state, tuple(job.flags), job.reason, job.restart_count, job.nodes, job.priority, job.comment,
                     job.admin_comment)
-            if self._stable.get(job.job_id) == snap:
+            if self._stable.get(job.job_id) == snap and self._wake.get(job.job_id, float("inf")) > time.time():
                 continue
             try:
                 if self.handle(job):
@@ -111,6 +120,7 @@ class Daemon:
         for gone in set(self._stable) - set(by_id):
             del self._stable[gone]
         self._gpus = {k: v for k, v in self._gpus.items() if k[0] in by_id}
+        self._wake = {k: v for k, v in self._wake.items() if k in by_id}
 
     def evacuate_degraded(self, jobs: list[Job]) -> None:
         """A node slurm-ft drained for a failing health check while jobs still run on it (e.g.
@@ -222,15 +232,18 @@ class Daemon:
         state = row["ft_state"]
         if job.state == "PENDING" and attempt > 0 and not self._decided(job.job_id, attempt - 1):
             return self._requeued_by_slurm(job, row)
-        if job.state == "PENDING" and state in (policy.FAILOVER, policy.REQUEUED):
-            return steps.clear_requeue_delay(self.slurm, self.journal, job,
-                                             start_now=not self._last_failover_unblamed(job.job_id))
-        if job.state == "RUNNING" and state in (policy.FAILOVER, policy.REQUEUED):
+        if job.state == "PENDING" and state in policy.PENDING_STATES:
+            return steps.clear_requeue_delay(self.slurm, self.journal, job, start=self._restart_at(job.job_id, state))
+        if job.state == "RUNNING" and state in policy.PENDING_STATES:
             self.journal.set_ft_state(job.job_id, policy.RUNNING)
+            # a fact that stays true once the job has ended (Slurm refuses updates to finished
+            # jobs: "Job has already finished"), never a state that would go stale
             self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
-                                                                    f"{policy.RUNNING} (attempt {attempt})"))
+                                                                    f"attempt {attempt} ({RESTART_WHY[state]})"))
             return True
         self._record_ckpt_ack(job)
+        if job.state == "RUNNING" and job.reason != "Prolog":
+            return self._time_limit(job, opts)
         if not job.ended:
             return True
         if state in policy.FINAL_STATES or self._decided(job.job_id, attempt):
@@ -242,12 +255,19 @@ class Daemon:
         since_end = time.time() - (job.end_time or time.time()) if not requeued else 60.0
         failovers = self.journal.failovers_done(job.job_id)
         nodes = _split_nodes(job.nodes) or _split_nodes(self._attempt_nodes(job.job_id, attempt))
+        notified, saved = self._notified(job.job_id, attempt)
         decision = policy.decide(slurm_state=slurm_state, failovers_done=failovers, retries=row["retries"],
                                  verdicts=verdicts, job_nodes=nodes, seconds_since_end=since_end,
                                  unblamed_done=self._unblamed_failovers(job.job_id),
                                  runtime_s=self._runtime_s(job.job_id),
-                                 site=policy.SitePolicy.from_config(self.cfg.failover))
+                                 site=policy.SitePolicy.from_config(self.cfg.failover),
+                                 notified=None if requeued else notified, saved=saved,
+                                 evacuations_done=self._count(job.job_id, "evacuation"),
+                                 continuations_done=self._count(job.job_id, "continue"))
         if decision.kind == "wait":
+            return False
+        if decision.kind in (policy.EVACUATE, policy.CONTINUE):
+            self._requeue_not_fault(job, attempt, decision.kind, decision.reason)
             return False
         for v in decision.verdicts:
             if v["rule"] == "slurm-node-fail":  # no epilog ran on a lost node: Slurm's word is the verdict
@@ -259,7 +279,7 @@ class Daemon:
             # nodes are bad luck (and the first node is excluded, so it cannot repeat there)
             previous = self.journal.verdicts(job.job_id, attempt - 1)
             if signature(previous) and signature(previous) == signature(list(decision.verdicts)):
-                decision = policy.Decision(policy.INTERNAL_ERROR, f"fast-fail: attempts {attempt - 1} and {attempt} "
+                decision = policy.Decision(policy.FAILED, f"fast-fail: attempts {attempt - 1} and {attempt} "
                                            f"failed the same way ({decision.reason})", decision.blamed_nodes,
                                            decision.verdicts)
         if decision.kind == "failover":
@@ -273,12 +293,102 @@ class Daemon:
         self.journal.record(job.job_id, attempt, "decide", detail=f"{decision.kind}: {decision.reason}")
         self.journal.set_ft_state(job.job_id, decision.kind)
         log.info("job %s attempt %s: %s (%s)", job.job_id, attempt, decision.kind, decision.reason)
-        if decision.kind in (policy.MAX_RETRIES, policy.INTERNAL_ERROR) and decision.blamed_nodes:
+        if decision.kind == policy.MAX_RETRIES and decision.blamed_nodes:
             self._drain(job, attempt, decision)
-        if requeued and decision.kind in (policy.MAX_RETRIES, policy.INTERNAL_ERROR):
+        # only a job Slurm still lets us update (requeued, held) takes the final state; a finished
+        # job keeps "attempt N (after ...)" and ft-history has its final state
+        self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, decision.kind))
+        if requeued and decision.kind != policy.COMPLETED:
             # Slurm requeued it by itself (NODE_FAIL), but slurm-ft will not retry it: hold it, visibly.
-            self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, decision.kind))
             self.slurm.run("scontrol", "hold", str(job.job_id), check=False)
+        return True
+
+    # ------------------------------------------------------------------ not faults
+    def _notified(self, job_id: int, attempt: int) -> tuple[str | None, bool]:
+        """(what slurm-ft's checkpoint signal to this attempt was for, or None; whether the
+        attempt acked a saved checkpoint after it — or at all, when it was not signalled)."""
+        from ..checkpoint.evacuate import CLOCK_SKEW_S, notify_purpose
+
+        acts = self.journal.actions(job_id, attempt)
+        notes = [a for a in acts if a["action"] == "ckpt-notify" and a["status"] in ("done", "skipped")]
+        since = (notes[-1]["created"] - CLOCK_SKEW_S) if notes else 0.0
+        saved = any(a["action"] == "ckpt-ack" and a["status"] == "done" and a["created"] >= since for a in acts)
+        return (notify_purpose(notes[-1]["detail"]) if notes else None), saved
+
+    def _count(self, job_id: int, action: str) -> int:
+        """Requeues of one not-fault kind done for this job (``evacuation`` or ``continue``)."""
+        return sum(1 for a in self.journal.actions(job_id) if a["action"] == action and a["status"] == "done")
+
+    def _restart_at(self, job_id: int, state: str) -> str | None:
+        """``StartTime`` for a job slurm-ft requeued (see steps.clear_requeue_delay)."""
+        if state == policy.CONTINUED:
+            return "now+2"
+        if state == policy.EVACUATED:
+            return "now"
+        return None if self._last_failover_unblamed(job_id) else "now"
+
+    def _requeue_not_fault(self, job: Job, attempt: int, kind: str, reason: str) -> None:
+        """Requeue after an evacuation (excluding the job's drained nodes, priority boosted as
+        for a failover: an admin, not the job, chose to end it) or a time-limit continuation
+        (no exclusion, priority kept). Counted apart from the retry budget."""
+        action, state = (("evacuation", policy.EVACUATED) if kind == policy.EVACUATE
+                         else ("continue", policy.CONTINUED))
+        nodes = _split_nodes(job.nodes) or _split_nodes(self._attempt_nodes(job.job_id, attempt))
+        drained = sorted(n.name for n in self._nodes if n.name in nodes and n.drained) if action == "evacuation" else []
+        self.journal.record(job.job_id, attempt, "decide", ",".join(drained), f"{kind}: {reason}")
+        aid = self.journal.intend(job.job_id, attempt, action, ",".join(drained), reason)
+        self.journal.set_ft_state(job.job_id, state)
+        log.info("job %s attempt %s: %s", job.job_id, attempt, reason)
+        refused = steps.requeue_in_place(self.slurm, self.journal, job.job_id, attempt)
+        if refused:
+            self.journal.finish(aid, "failed", f"requeue refused: {refused}")
+            self.journal.set_ft_state(job.job_id, policy.INTERNAL_ERROR)
+            log.error("job %s: requeue refused: %s", job.job_id, refused)
+            return
+        if action == "evacuation":
+            steps.exclude_and_boost(self.slurm, self.journal, job.job_id, attempt, drained, nodes=self._nodes,
+                                    top=self._top_priority, priority_boost=self.cfg.failover.priority_boost,
+                                    ceiling=self.cfg.failover.priority_ceiling,
+                                    unsatisfiable=self.cfg.failover.unsatisfiable)
+            self._boosted.add(job.job_id)
+        self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
+                                                                f"{state} (attempt {attempt + 1} next)"))
+        self.journal.finish(aid)
+
+    def _time_limit(self, job: Job, opts) -> bool:
+        """A running ft job near its time limit: send the checkpoint signal (to the processes that
+        catch it, checkpoint/deliver.py) ``--ft-ckpt-wait`` + :data:`TIME_LIMIT_MARGIN_S` before
+        the limit (at most half the limit early), and requeue it as soon as it acks ``saved``.
+        Returns True when the job needs no look until its Slurm record changes (else the daemon
+        comes back at the time noted in ``_wake``)."""
+        from ..checkpoint import evacuate
+
+        limit_s = _time_limit_s(job)
+        if limit_s is None or not job.start_time or self.cfg.failover.max_continuations == 0:
+            return True
+        attempt = job.restart_count
+        notified, saved = self._notified(job.job_id, attempt)
+        if notified == policy.NOTIFY_TIME_LIMIT:
+            if saved and not self._decided(job.job_id, attempt):
+                self._requeue_not_fault(job, attempt, policy.CONTINUE,
+                                        "time limit: continued after its exit checkpoint")
+            return True
+        if notified is not None:
+            return True   # an evacuation is under way
+        at = job.start_time + limit_s - min(opts.ckpt_wait_s + TIME_LIMIT_MARGIN_S, limit_s / 2)
+        if time.time() < at:
+            self._wake[job.job_id] = at
+            return True
+        self._wake.pop(job.job_id, None)
+        if self._count(job.job_id, "continue") >= self.cfg.failover.max_continuations:
+            if not any(a["action"] == "ckpt-notify" for a in self.journal.actions(job.job_id, attempt)):
+                self.journal.record(job.job_id, attempt, "ckpt-notify", job.nodes,
+                                    f"{policy.NOTIFY_TIME_LIMIT}: not sent: continuation bound "
+                                    f"{self.cfg.failover.max_continuations} used up", status="failed")
+            return True
+        delivery = evacuate.notify(self.slurm, self.journal, job, opts, "time limit near",
+                                   purpose=policy.NOTIFY_TIME_LIMIT)
+        log.info("job %s: time limit near: %s", job.job_id, delivery.summary())
         return True
 
     def _record_ckpt_ack(self, job: Job) -> None:
@@ -303,10 +413,16 @@ class Daemon:
         requeueable job) or an admin did. A lost node is a hardware fault of the attempt."""
         attempt = job.restart_count - 1
         nodes = _split_nodes(self._attempt_nodes(job.job_id, attempt))
-        down = {n.name for n in self._nodes if _unavailable(n) and n.name in nodes}
-        if not down and not self.journal.verdicts(job.job_id, attempt):
-            self.journal.record(job.job_id, attempt, "decide", detail="requeued: by Slurm or an admin")
-            return True
+        down = {n.name for n in self._nodes if _lost(n) and n.name in nodes}
+        if not down and not any(policy.retry_class(v) == "hardware" for v in self.journal.verdicts(job.job_id, attempt)):
+            # an admin's requeue (often with the node drained for maintenance): an evacuation,
+            # not a fault; nothing blamed, no retry spent, the admin's drain reason kept
+            self.journal.record(job.job_id, attempt, "decide", detail="evacuate: requeued by an admin or Slurm")
+            self.journal.record(job.job_id, attempt, "evacuation", "", "requeued by an admin or Slurm")
+            self.journal.set_ft_state(job.job_id, policy.EVACUATED)
+            self._try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
+                                                                    f"{policy.EVACUATED} (requeued by an admin)"))
+            return False
         return self._decide(job, row, attempt, "NODE_FAIL" if down else "FAILED", requeued=True)
 
     def _failover_kinds(self, job_id: int) -> list[str]:
@@ -346,7 +462,8 @@ class Daemon:
         return next((a["nodes"] or "" for a in self.journal.attempts(job_id) if a["attempt"] == attempt), "")
 
     def _decided(self, job_id: int, attempt: int) -> bool:
-        return any(a["action"] in ("decide", "failover", "release") for a in self.journal.actions(job_id, attempt))
+        return any(a["action"] in ("decide", "failover", "release", "evacuation", "continue")
+                   for a in self.journal.actions(job_id, attempt))
 
     # ------------------------------------------------------------------ failover steps
     def _do_failover(self, job: Job, attempt: int, decision: policy.Decision, aid: int) -> None:
@@ -365,16 +482,16 @@ class Daemon:
                                           # a retry that blames no node (the job's own output
                                           # may have chosen it) keeps the job's priority
                                           priority_boost=self.cfg.failover.priority_boost if decision.blamed_nodes else 0,
-                                          ceiling=self.cfg.failover.priority_ceiling)
+                                          ceiling=self.cfg.failover.priority_ceiling,
+                                          unsatisfiable=self.cfg.failover.unsatisfiable)
         if decision.blamed_nodes:
             self._boosted.add(job.job_id)
         j.finish(aid)
         if outcome == "held":
-            log.warning("job %s: held: exclusions leave too few nodes", job.job_id)
             return
         fresh = self.slurm.job(job.job_id)
         if fresh is not None:
-            steps.clear_requeue_delay(self.slurm, j, fresh, start_now=bool(decision.blamed_nodes))
+            steps.clear_requeue_delay(self.slurm, j, fresh, start="now" if decision.blamed_nodes else None)
 
     def _drain(self, job: Job, attempt: int, decision: policy.Decision) -> None:
         """Drain the blamed nodes within the circuit breaker (slurm_ft.breaker): once it opens,
@@ -456,8 +573,23 @@ def _health_drain(node) -> tuple[str, int | None] | None:
     return check, int(m.group(1)) if m else None
 
 
-def _unavailable(node) -> bool:
+def _lost(node) -> bool:
+    """Slurm lost the node (down, not responding): a job requeued off it lost its node. A node
+    that is only drained still answers (an admin took it out of service)."""
     states = [node.state.lower(), *(f.lower() for f in node.flags)]
-    return any(s.startswith(u) for s in states for u in UNAVAILABLE)
+    return any(s.startswith(u) for s in states for u in LOST)
+
+
+def _time_limit_s(job: Job) -> float | None:
+    """The job's time limit in seconds (``time_limit``: minutes; 22.05 int, 24.11 number
+    object), None when unlimited."""
+    v = job.raw.get("time_limit")
+    if isinstance(v, dict):
+        if not v.get("set", True) or v.get("infinite"):
+            return None
+        v = v.get("number")
+    if not isinstance(v, int) or v <= 0 or v >= INFINITE_MINUTES:
+        return None
+    return v * 60.0
 
 

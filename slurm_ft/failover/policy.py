@@ -1,9 +1,17 @@
 """Failover policy: from an ended attempt and its verdicts to a decision. Pure: no I/O.
 
 Follows the Job Failover product we model (shared/seeds/003_*): hardware faults fail over to other
-nodes within a retry budget (3 by default); anything else that ends a job is not retried
-(``internal-error``); an exhausted budget ends as ``max-retries-exceeded``. ``infra`` and ``hang``
-verdicts (transient, see docs/classifier.md) are retried without blaming a node.
+nodes within a retry budget (3 by default); a user's own error is not retried (``user-error``),
+nor is a failure with no fault found (``failed``); an exhausted budget ends as
+``max-retries-exceeded``. ``infra`` and ``hang`` verdicts (transient, see docs/classifier.md) are
+retried without blaming a node. ``internal-error`` is kept for "slurm-ft itself failed" (e.g.
+Slurm refused the requeue).
+
+Not faults, each with its own site bound, never taken from the retry budget:
+**evacuations** (an admin's requeue, ``slurm-ft drain --checkpoint``, a health-check
+evacuation: the job is requeued elsewhere, with or without an exit checkpoint) and
+**continuations** (the time limit is near: exit checkpoint, then requeue; ``timeout`` without
+a save).
 """
 
 from __future__ import annotations
@@ -15,13 +23,29 @@ RUNNING = "running"
 FAILOVER = "failover-in-progress"
 REQUEUED = "requeued"
 INTERNAL_ERROR = "internal-error"
+#: The job's own error (a ``user`` verdict): not retried.
+USER_ERROR = "user-error"
+#: The job failed and no fault was found (or the same failure repeated: fast-fail): not retried.
+FAILED = "failed"
+#: The time limit ended the job without an exit checkpoint (or past the continuation bound).
+TIMEOUT = "timeout"
+#: Requeued at its time limit after an exit checkpoint; pending until it runs again.
+CONTINUED = "continued"
+#: Requeued by an evacuation (admin, drain --checkpoint, health check); pending until it runs.
+EVACUATED = "evacuated"
 MAX_RETRIES = "max-retries-exceeded"
 COMPLETED = "completed"
 CANCELLED = "cancelled"
 NOT_CONFIGURED = "not-configured"
 #: Failover stopped because excluding the blamed nodes leaves too few for the job (admin decides).
 HELD = "held"
-FINAL_STATES = {INTERNAL_ERROR, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURED, HELD}
+FINAL_STATES = {INTERNAL_ERROR, USER_ERROR, FAILED, TIMEOUT, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURED, HELD}
+#: States of a job slurm-ft requeued that waits to run again (the daemon clears the requeue delay).
+PENDING_STATES = {FAILOVER, REQUEUED, CONTINUED, EVACUATED}
+#: Decision kinds that requeue the job (besides finals and "wait").
+EVACUATE, CONTINUE = "evacuate", "continue"
+#: What a slurm-ft checkpoint notification of an attempt was for (journal ``ckpt-notify`` detail).
+NOTIFY_EVACUATION, NOTIFY_TIME_LIMIT = "evacuation", "time-limit"
 
 #: Rule-id prefix of verdicts from a prolog health check that refused the node (``health:<check>``).
 HEALTH_RULE = "health:"
@@ -44,15 +68,18 @@ class SitePolicy:
 
     unblamed_retries: int = 1
     unblamed_max_runtime_s: float = 86400.0
+    max_evacuations: int = 10
+    max_continuations: int = 10
 
     @classmethod
     def from_config(cls, failover) -> "SitePolicy":
-        return cls(failover.unblamed_retries, float(failover.unblamed_max_runtime_s))
+        return cls(failover.unblamed_retries, float(failover.unblamed_max_runtime_s), failover.max_evacuations,
+                   failover.max_continuations)
 
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str                      # "failover" | one of the final states | "wait"
+    kind: str                      # "failover" | "evacuate" | "continue" | one of the final states | "wait"
     reason: str
     blamed_nodes: tuple[str, ...] = ()
     verdicts: tuple[dict, ...] = field(default=())
@@ -74,27 +101,38 @@ def retry_class(v: dict) -> str | None:
 
 def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: list[dict], job_nodes: list[str],
            seconds_since_end: float, grace_s: float = 3.0, unblamed_done: int = 0, runtime_s: float = 0.0,
-           site: SitePolicy | None = None) -> Decision:
+           site: SitePolicy | None = None, notified: str | None = None, saved: bool = False,
+           evacuations_done: int = 0, continuations_done: int = 0) -> Decision:
     """Decide what to do with an ended attempt.
 
     ``slurm_state``: the job's Slurm state (e.g. FAILED, NODE_FAIL, COMPLETED); ``failovers_done``:
-    failovers slurm-ft already did for this job (prolog-failure releases and in-place restarts do not
-    count); ``retries``: the job's budget as fixed at submit (0 = never requeue);
+    failovers slurm-ft already did for this job (prolog-failure releases, evacuations and
+    continuations do not count); ``retries``: the job's budget as fixed at submit (0 = never requeue);
     ``verdicts``: the node verdicts of this attempt (dicts with ``node``, ``verdict``, ``rule``);
     ``seconds_since_end``: time since the attempt ended, used to wait ``grace_s`` for late verdicts;
     ``unblamed_done``: failovers so far that blamed no node; ``runtime_s``: seconds the job has
-    run over all attempts; ``site``: the site's limits (:class:`SitePolicy`; default limits if None).
-    A hardware verdict on any node decides (that node is blamed); otherwise a retryable verdict
-    that blames nobody is retried only within the site's unblamed retries and run-time bound.
+    run over all attempts; ``site``: the site's limits (:class:`SitePolicy`; default limits if None);
+    ``notified``: slurm-ft sent this attempt its checkpoint signal (:data:`NOTIFY_EVACUATION` or
+    :data:`NOTIFY_TIME_LIMIT`), None if not; ``saved``: the attempt acked a saved exit checkpoint
+    after that; ``evacuations_done`` / ``continuations_done``: requeues of those kinds so far.
+
+    A hardware verdict on any node decides (that node is blamed). An attempt that ended after
+    slurm-ft's own checkpoint signal is requeued as what the signal was for (never blamed on the
+    user: slurm-ft ended it), within that kind's bound. Otherwise a retryable verdict that
+    blames nobody is retried only within the site's unblamed retries and run-time bound.
     """
     site = site or SitePolicy()
-    if slurm_state == "COMPLETED":
-        return Decision(COMPLETED, "job completed")
+    verdicts = list(verdicts)
     if slurm_state == "CANCELLED":
         return Decision(CANCELLED, "cancelled by user or admin")
-    verdicts = list(verdicts)
     if slurm_state == "NODE_FAIL" and not any(v["verdict"] == "hardware" for v in verdicts):
         verdicts += [{"node": n, "verdict": "hardware", "rule": "slurm-node-fail", "xids": []} for n in job_nodes]
+    if not any(retry_class(v) == "hardware" for v in verdicts):
+        requeue = _after_notify(slurm_state, notified, saved, evacuations_done, continuations_done, site)
+        if requeue is not None:
+            return requeue
+    if slurm_state == "COMPLETED":
+        return Decision(COMPLETED, "job completed")
     by_class: dict[str, list[dict]] = {c: [] for c in RETRY_CLASSES}
     for v in verdicts:
         c = retry_class(v)
@@ -118,7 +156,25 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
     users = [v for v in verdicts if v["verdict"] == "user"]
     if users:
         v = users[0]
-        return Decision(INTERNAL_ERROR, f"not a hardware fault: {v['rule']} on {v['node']}", (), tuple(users))
+        return Decision(USER_ERROR, f"the job's own error: {v['rule']} on {v['node']}", (), tuple(users))
+    if slurm_state == "TIMEOUT":
+        return Decision(TIMEOUT, "time limit reached without an exit checkpoint", (), tuple(verdicts))
     if seconds_since_end < grace_s:
         return Decision("wait", "waiting for node verdicts")
-    return Decision(INTERNAL_ERROR, "no hardware fault found", (), tuple(verdicts))
+    return Decision(FAILED, "no hardware fault found", (), tuple(verdicts))
+
+
+def _after_notify(slurm_state: str, notified: str | None, saved: bool, evacuations_done: int,
+                  continuations_done: int, site: SitePolicy) -> Decision | None:
+    """The requeue owed to an attempt that ended after slurm-ft's checkpoint signal (or that hit
+    its time limit after saving), or None when the usual rules apply."""
+    how = "after its exit checkpoint" if saved else "without an exit checkpoint"
+    if notified == NOTIFY_EVACUATION:
+        if evacuations_done >= site.max_evacuations:
+            return None
+        return Decision(EVACUATE, f"evacuated {how} (ended {slurm_state} after slurm-ft's checkpoint signal)")
+    if notified == NOTIFY_TIME_LIMIT and saved:
+        if continuations_done >= site.max_continuations:
+            return Decision(TIMEOUT, f"time limit: continuation bound {site.max_continuations} used up")
+        return Decision(CONTINUE, f"time limit: continued after its exit checkpoint (ended {slurm_state})")
+    return None

@@ -73,25 +73,58 @@ def requeue_in_place(slurm, journal, job_id: int, attempt: int) -> str | None:
 
 
 def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[str], *, nodes: list,
-                      top: int, priority_boost: int, ceiling: int = 0) -> str:
+                      top: int, priority_boost: int, ceiling: int = 0, unsatisfiable: str = "hold") -> str:
     """After the requeue: ``ExcNodeList`` = every node blamed in any attempt, ``Priority`` above
-    every waiting job, ft state in ``AdminComment``; releases a job Slurm requeued held. If the
-    exclusions would leave too few nodes for the job, hold it instead with a clear reason.
-    Returns ``"requeued"`` or ``"held"``."""
+    every waiting job, ft state in ``AdminComment``; releases a job Slurm requeued held.
+
+    If the job cannot run with those nodes excluded (it requires one with ``-w``, needs more
+    nodes than its partition has left, a feature or reservation only they provide:
+    :func:`slurm_ft.failover.constraints.check`), Slurm would leave it pending with
+    ``BadConstraints`` forever. Then ``unsatisfiable`` (``[failover] unsatisfiable``) decides:
+    ``"hold"`` holds it (``scontrol hold``; ``AdminComment`` ``slurm-ft: held: <reason>``;
+    journal action ``hold`` with the reason; ft state ``held``; a warning in the daemon log);
+    ``"relax"`` drops the excluded nodes from its required node list (``scontrol update
+    ReqNodeList=<rest>``, verified on 22.05; journal action ``relax``) where that suffices and
+    goes on with the failover, else holds. Returns ``"requeued"`` or ``"held"``."""
+    # local imports: only this function of the module is being changed in this pass
+    import logging
+
+    from ..slurm import parse_kv_line
+    from . import constraints
+
+    log = logging.getLogger(__name__)
     fresh = slurm.job(job_id)
     if fresh is None:
         return "requeued"
     blamed_before = [a["target"] for a in journal.actions(job_id) if a["action"] == "drain" and a["target"]]
     excluded = sorted(set(split_nodes(fresh.excluded_nodes)) | set(blamed_before) | set(blamed))
-    usable, needed = usable_nodes(fresh, nodes, excluded), node_count(fresh)
+    resv, resv_name = None, fresh.raw.get("resv_name") or ""
+    if isinstance(resv_name, str) and resv_name:
+        try:  # 22.05 has no --json here; an unknown reservation (rc 1) is simply not checked
+            proc = slurm.run("scontrol", "show", "reservation", "-o", resv_name, check=False)
+            resv = parse_kv_line(proc.stdout) if proc.returncode == 0 else None
+        except SlurmCommandError as exc:
+            log.debug("job %s: reservation %s not read: %s", job_id, resv_name, exc)
+    fit = constraints.check(fresh, nodes, excluded, blamed=blamed, reservation=resv,
+                            cause=constraints.fault_cause(journal.verdicts(job_id, attempt), blamed))
+    for note in fit.notes:
+        log.debug("job %s: constraint check: %s", job_id, note)
     outcome = "requeued"
-    if usable < needed:
-        reason = admin_comment(journal, job_id, f" held: excluding {','.join(excluded)} leaves {usable} usable "
-                                                f"node(s), job needs {needed}")
+    if not fit.runnable and unsatisfiable == constraints.RELAX and fit.relaxed_nodelist is not None:
+        step = journal.intend(job_id, attempt, "relax", str(job_id), fit.relax_detail)
+        try:
+            slurm.update_job(job_id, ReqNodeList=fit.relaxed_nodelist)
+            journal.finish(step)
+            log.warning("job %s: relaxed: %s", job_id, fit.relax_detail)
+            fit = constraints.Feasibility(True)
+        except SlurmCommandError as exc:
+            journal.finish(step, "failed", f"{fit.relax_detail}; refused: {exc}")
+    if not fit.runnable:
         slurm.run("scontrol", "hold", str(job_id), check=False)
-        journal.record(job_id, attempt, "hold", str(job_id), reason)
+        journal.record(job_id, attempt, "hold", str(job_id), fit.reason)
         journal.set_ft_state(job_id, policy.HELD)
-        fields = {"AdminComment": reason}
+        log.warning("job %s: held: %s", job_id, fit.reason)
+        fields = {"AdminComment": admin_comment(journal, job_id, f" held: {fit.reason}")}
         outcome = "held"
     else:
         if fresh.state == "PENDING" and fresh.priority == 0:
@@ -113,20 +146,23 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
     return outcome
 
 
-def clear_requeue_delay(slurm, journal, job: Job, *, start_now: bool = True) -> bool:
-    """``StartTime=now`` while a failed-over job waits on Slurm's requeue delay (it only sticks once
-    the job has left COMPLETING; call it every cycle until it returns True = job eligible).
+def clear_requeue_delay(slurm, journal, job: Job, *, start: str | None = "now") -> bool:
+    """``StartTime=<start>`` while a requeued job waits on Slurm's requeue delay (it only sticks
+    once the job has left COMPLETING; call it every cycle until it returns True = job eligible).
     Moves the ft state from failover-in-progress to requeued once the job is eligible.
 
-    ``start_now=False`` keeps Slurm's delay (a retry that excluded no node): the job may land on
-    the node it just left, whose slurmd refuses it until the revoked job credential expires
-    (measured on 22.05: "Killing non-startable batch JobId=N: Job credential revoked" when
-    restarted there at once), and a retry nobody was blamed for must not jump the queue."""
+    ``start``: ``"now"`` (a failover or evacuation that excluded the node), ``"now+2"`` (a
+    continuation that may restart on the node it left: a credential created in the same second
+    as the revocation is refused, so one whole second must pass; see below), or None to keep
+    Slurm's delay (a retry that excluded no node: the job may land on the node it just left,
+    whose slurmd refuses it while the revoked job credential is current — measured on 22.05:
+    "Killing non-startable batch JobId=N: Job credential revoked" when restarted there at once —
+    and a retry nobody was blamed for must not jump the queue)."""
     if job.completing:
         return False
     eligible = job.raw.get("eligible_time")
     eligible = eligible.get("number") if isinstance(eligible, dict) else eligible
-    if eligible and eligible <= time.time() + 1:
+    if eligible and eligible <= time.time() + 3:
         row = journal.job(job.job_id)
         if row is not None and row["ft_state"] == policy.FAILOVER:
             journal.set_ft_state(job.job_id, policy.REQUEUED)
@@ -135,9 +171,9 @@ def clear_requeue_delay(slurm, journal, job: Job, *, start_now: bool = True) -> 
             except SlurmCommandError:
                 pass
         return True
-    if not start_now:
+    if start is None:
         return False
-    step = journal.intend(job.job_id, job.restart_count, "start-now", str(job.job_id))
-    slurm.update_job(job.job_id, StartTime="now")
+    step = journal.intend(job.job_id, job.restart_count, "start-now", str(job.job_id), f"StartTime={start}")
+    slurm.update_job(job.job_id, StartTime=start)
     journal.finish(step)
     return False

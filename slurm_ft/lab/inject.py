@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import signal
 
-from ..errors import LabError
+from ..errors import HostlistError, LabError
+from ..slurm import split_indices
 from . import layout as L
 
 #: Message texts NVIDIA's driver prints after the Xid number (from the NVIDIA Xid catalog).
@@ -50,7 +51,10 @@ def job_processes(node: str, gpu: int | None) -> list[tuple[int, str]]:
         if b"SLURM_SCRIPT_CONTEXT" in env:  # slurmd's own prolog/epilog, not the job's work
             continue
         gpus = (env.get(b"SLURM_STEP_GPUS") or env.get(b"SLURM_JOB_GPUS") or b"").decode()
-        held = {int(g) for g in gpus.split(",") if g.isdigit()}
+        try:
+            held = set(split_indices(gpus))
+        except HostlistError:  # a job's own environment: garbage there is no GPU of ours
+            held = set()
         if gpu is None or gpu in held:
             found.append((int(entry), env[b"SLURM_JOB_ID"].decode()))
     return found

@@ -5,9 +5,12 @@ docs/spank.md. Why three pieces (facts verified on 22.05, see shared/SLURM_LAB_N
 
 * the plugin (``spank/slurm_ft_spank.c``) registers ``--ft...``, rejects bad values at submit time
   and hands the values to the job (``SPANK_FT_*`` for prolog/epilog, ``SLURM_FT_*`` for tasks);
-* ``cli_filter.lua`` (sbatch, on the submit host) turns ``--ft`` into ``--open-mode=append``,
-  ``--requeue`` and ``--signal=SIG@LEAD`` (the time-limit checkpoint signal to every step task);
-  only the client can set those (job_submit.lua cannot set open_mode or warn_signal on 22.05);
+* ``cli_filter.lua`` (sbatch, on the submit host) turns ``--ft`` into ``--open-mode=append`` and
+  ``--requeue``; only the client can set open_mode (job_submit.lua cannot on 22.05). It no longer
+  sets ``--signal``: Slurm's time-limit signal reaches either the step tasks or the batch shell,
+  and kills any of them without a handler; the daemon sends the time-limit checkpoint signal
+  itself, only to processes that catch it (slurm_ft/checkpoint/deliver.py). A ``--signal`` the
+  user gives is theirs and left alone;
 * ``job_submit.lua`` (slurmctld) checks the values again (SPANK options, or the legacy
   ``--comment=ft[:...]`` token, grammar in docs/ft-token.md), refuses a retry budget above the
   site maximum (``[failover] max_retries``, rendered in by :func:`render_job_submit`), applies the
@@ -29,9 +32,6 @@ from ..config import FailoverConfig
 from .layout import repo_root
 
 PLUGIN = "slurm_ft"
-#: Seconds added to ``--ft-ckpt-wait`` for the time-limit signal (slurmctld checks limits every ~30 s).
-SIGNAL_MARGIN_S = 30
-
 
 def plugin_path(repo: Path | None = None) -> Path:
     return (repo or repo_root()) / "spank" / "slurm_ft_spank.so"
@@ -43,10 +43,11 @@ def render_plugstack(so: Path) -> str:
 
 CLI_FILTER_LUA = r"""-- slurm-ft cli_filter: runs inside sbatch/salloc/srun on the submit host, as the submitting user.
 -- Reads only the SPANK options of the slurm_ft plugin (options.spank.slurm_ft).
--- For sbatch with any --ft option: --open-mode=append, --requeue, and --signal=SIG@(wait+MARGIN)
--- unless the user gave --signal, so every step task gets the checkpoint signal before the time limit.
+-- For sbatch with any --ft option: --open-mode=append (one output file across attempts) and
+-- --requeue. The time-limit checkpoint signal is sent by the slurm-ft daemon, only to the job's
+-- processes that catch it (Slurm's --signal would kill a batch shell or a program without a
+-- handler); a --signal the user gives is theirs.
 local PLUGIN = "slurm_ft"
-local MARGIN = @MARGIN@
 
 local function opt(spank, name)
   local v = spank[name]
@@ -70,15 +71,6 @@ function slurm_cli_pre_submit(options, offset)
   if not used then return slurm.SUCCESS end
   options["open-mode"] = "append"
   options["requeue"] = "1"
-  local sig = opt(spank, "ft-ckpt-signal") or "USR1"
-  sig = string.upper(sig):gsub("^SIG", "")
-  local wait = tonumber(opt(spank, "ft-ckpt-wait") or "600") or 600
-  if options["signal"] == nil or options["signal"] == "unset" or options["signal"] == "0@0" then
-    options["signal"] = sig .. "@" .. tostring(math.min(65535, wait + MARGIN))
-  else
-    slurm.log_info("slurm_ft: keeping your --signal=%s (the time-limit checkpoint signal is yours)",
-                   options["signal"])
-  end
   return slurm.SUCCESS
 end
 
@@ -318,7 +310,7 @@ end
 
 
 def render_cli_filter() -> str:
-    return CLI_FILTER_LUA.replace("@MARGIN@", str(SIGNAL_MARGIN_S))
+    return CLI_FILTER_LUA
 
 
 def render_job_submit(max_retries: int = FailoverConfig.max_retries,

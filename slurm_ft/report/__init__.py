@@ -1,99 +1,65 @@
-"""Drain report for HPC admins: which nodes are out of service and why, what slurm-ft drained
-over a period, which Xids and health checks hit which node. Rendered with jinja2 (HTML with
-autoescaping: node reasons and evidence are untrusted text; or plain text)."""
+"""Drain report for HPC admins (``slurm-ft report``, docs/drain-report.md): which nodes are out
+of service and who took them out (slurm-ft for a fault verdict or a health check, an admin,
+Slurm), the drains in a window with counts that add up, flapping nodes and GPUs (RMA
+candidates), Xids and failed health checks per node and GPU. HTML, text or JSON.
+
+``collect`` gathers (``collect.py``), ``render`` formats (``render.py``), ``write_report``
+writes a file without ever following a symlink planted at its path.
+"""
 
 from __future__ import annotations
 
-import glob
-import json
-import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+import os
+import tempfile
 
-from ..drain import LEADER
 from ..errors import SlurmFTError
-from ..journal import open_daemon_journal, open_journal
-from ..textsafe import terminal_safe
+from .collect import FLAP_THRESHOLD, DrainEvent, NodeRow, ReportData, collect, reason_category
+from .render import FORMATS, render, to_json
+
+__all__ = ["FLAP_THRESHOLD", "FORMATS", "DrainEvent", "NodeRow", "ReportData", "ReportError", "check_output",
+           "collect", "reason_category", "render", "to_json", "write_report"]
 
 
-@dataclass
-class NodeRow:
-    name: str
-    state: str
-    reason: str
-    by_slurm_ft: bool
-    since: float | None
+class ReportError(SlurmFTError):
+    """The report cannot be written where the admin asked (``-o``)."""
 
 
-@dataclass
-class ReportData:
-    generated: float
-    since: float
-    drained: list[NodeRow]
-    drains: list[dict]                      # slurm-ft drain actions in the window (daemon journal)
-    xids_by_node: dict[str, Counter]        # node -> Counter of Xid codes from hardware verdicts
-    verdicts_by_class: Counter
-    health_fails: dict[str, Counter] = field(default_factory=dict)   # node -> Counter of failing checks
-    notes: list[str] = field(default_factory=list)
+def _directory(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path)) or "/"
 
 
-def collect(cfg, slurm, *, since_s: float = 7 * 86400, node_journals: str | None = None) -> ReportData:
-    """Gather the report from Slurm (live node states), the daemon journal and, if given, node
-    journals (a glob; on a real cluster they live on each node — copy them or skip).
-    ``since_s``: look-back window in seconds. Raises :class:`SlurmFTError` for unreadable input."""
-    now = time.time()
-    since = now - since_s
-    drained = []
-    for n in slurm.nodes():
-        if n.drained or n.state.lower().startswith(("down", "drain", "fail")):
-            changed = n.raw.get("reason_changed_at")
-            changed = changed.get("number") if isinstance(changed, dict) else changed
-            drained.append(NodeRow(n.name, "+".join([n.state, *n.flags]), n.reason,
-                                   n.reason.startswith(LEADER), changed or None))
-    data = ReportData(now, since, drained, [], defaultdict(Counter), Counter())
-    with open_daemon_journal(cfg, readonly=True) as j:
-        data.drains = list(j.db.query(
-            "SELECT job_id, attempt, target AS node, detail AS reason, status, created FROM actions "
-            "WHERE action = 'drain' AND created >= ? ORDER BY created DESC", [since]))
-        for v in j.db.query("SELECT node, verdict, xids FROM verdicts WHERE created >= ?", [since]):
-            data.verdicts_by_class[v["verdict"]] += 1
-            if v["verdict"] == "hardware":
-                for x in json.loads(v["xids"] or "[]"):
-                    data.xids_by_node[v["node"]][x["xid"]] += 1
-    if node_journals:
-        paths = sorted(glob.glob(node_journals))
-        if not paths:
-            data.notes.append(f"no node journal matches {node_journals}")
-        for path in paths:
-            try:
-                with open_journal(path, readonly=True) as nj:
-                    for r in nj.db.query("SELECT node, check_name FROM health WHERE status = 'fail' AND created >= ?",
-                                         [since]):
-                        data.health_fails.setdefault(r["node"], Counter())[r["check_name"]] += 1
-            except SlurmFTError as exc:
-                data.notes.append(str(exc))
-    return data
+def check_output(path: str) -> None:
+    """Fail early (before asking Slurm) when ``path`` cannot be written: a missing directory, one
+    we may not write to, or a directory at ``path``. Raises :class:`ReportError`."""
+    directory = _directory(path)
+    if not os.path.isdir(directory):
+        raise ReportError(f"{path}: cannot write the report: no directory {directory}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ReportError(f"{path}: cannot write the report: permission denied on {directory}")
+    if os.path.isdir(path):
+        raise ReportError(f"{path}: cannot write the report: it is a directory")
 
 
-def _finalize_safe(value):
-    """Every ``{{ }}`` output: control characters escaped (the text report goes to terminals, and
-    an HTML file may be ``cat``-ed too); jinja2 Markup (already escaped HTML) is left as it is."""
-    import markupsafe
-
-    if isinstance(value, str) and not isinstance(value, markupsafe.Markup):
-        return terminal_safe(value)
-    return value
-
-
-def render(data: ReportData, fmt: str = "html") -> str:
-    """``fmt``: "html" (autoescaped) or "text" (terminal-safe: the ``tsafe`` filter on untrusted
-    fields, and every output finalized through :func:`slurm_ft.textsafe.terminal_safe`)."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.PackageLoader("slurm_ft", "templates"),
-                             autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
-                             finalize=_finalize_safe)
-    env.filters["ts"] = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
-    env.filters["tsafe"] = terminal_safe
-    name = "drain_report.html" if fmt == "html" else "drain_report.txt"
-    return env.get_template(name).render(d=data)
+def write_report(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory, renamed over
+    it: a reader never sees half a report, and a symlink at ``path`` is replaced, never followed
+    (the report is often written by root into shared directories). Mode 0644 less the umask.
+    Raises :class:`ReportError` with the reason (no such directory, permission denied, ...)."""
+    check_output(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".slurm-ft-report.", dir=_directory(path))
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot write the report: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fh.fileno(), 0o644 & ~umask)
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ReportError(f"{path}: cannot write the report: {exc.strerror}") from None
