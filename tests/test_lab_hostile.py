@@ -145,9 +145,11 @@ def test_owner_cannot_raise_the_budget_by_rewriting_the_comment(lab, slurm, user
     assert slurm.job(job_id).restart_count == 0
 
 
-def test_owner_comment_rewrite_does_not_buy_an_evacuation_retry(lab, slurm, user):
+def test_owner_comment_rewrite_does_not_change_what_an_evacuation_spends(lab, slurm, user):
     """Attack 6b: the checkpoint-before-exit path (``slurm-ft drain --checkpoint``, also what a
-    health-check evacuation runs) reads the budget fixed at submit, not the live comment."""
+    health-check evacuation runs) reads the options fixed at submit, not the live comment: the
+    evacuation (not a fault) requeues the job, spends nothing from its retry budget of 0, and the
+    journal keeps retries=0 whatever the comment now says."""
     job_id = _submit(lab, "#!/bin/sh\ntrap 'echo saved' USR1\nwhile :; do sleep 1; done\n", "--ft", "--ft-retries=0")
     job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 30)
     attack = f"ft:retries=100 {job.comment}"
@@ -155,8 +157,11 @@ def test_owner_comment_rewrite_does_not_buy_an_evacuation_retry(lab, slurm, user
     out = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "drain", job.nodes, "--checkpoint", "--wait", "2",
                           "--config", str(lab.lay.ft_conf)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, **lab.env()})
-    assert "not requeued (retry budget used up)" in out.stdout, out.stdout + out.stderr
-    assert slurm.job(job_id).restart_count == 0
+    assert "requeued excluding" in out.stdout, out.stdout + out.stderr
+    from slurm_ft import config as config_mod
+    from slurm_ft.journal import open_journal
+    with open_journal(config_mod.load(lab.lay.ft_conf).journal.path) as j:
+        assert j.job(job_id)["retries"] == 0 and j.failovers_done(job_id) == 0
     slurm.run("scancel", str(job_id))
 
 

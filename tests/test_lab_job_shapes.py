@@ -172,10 +172,10 @@ def test_admin_requeue_with_drained_node_is_an_evacuation(lab, slurm, workdir):
 
 
 def test_program_without_handler_is_not_killed_by_the_signal(lab, slurm, workdir):
-    job_id = run_line(lab, workdir, "sbatch --ft --output=ft-train-%j.out "
-                      "--wrap=python3\\ -c\\ 'import\\ time;\\ time.sleep(600)'")
+    (workdir / "plain.py").write_text("import time\nprint('plain program up', flush=True)\ntime.sleep(600)\n")
+    job_id = run_line(lab, workdir, f"sbatch --ft --output=ft-train-%j.out --wrap=exec\\ python3\\ {workdir}/plain.py")
     job = wait_running(slurm, job_id, 0)
-    time.sleep(1.0)
+    wait_for(lambda: "plain program up" in out_text(workdir, job_id), 30, "program up")
     r = cli(lab, "drain", job.nodes, "--checkpoint", "--job", str(job_id))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SIGUSR1 to 0 process(es)" in r.stdout and "requeued excluding" in r.stdout
@@ -194,7 +194,7 @@ def test_job_dying_of_the_signal_is_requeued_not_blamed(lab, slurm, workdir):
     (workdir / "dies.py").write_text(prog)
     job_id = run_line(lab, workdir, f"sbatch --ft --output=ft-train-%j.out --wrap=exec\\ python3\\ {workdir}/dies.py")
     job = wait_running(slurm, job_id, 0)
-    time.sleep(1.0)
+    time.sleep(2.0)     # python up and its handler installed
     r = cli(lab, "drain", job.nodes, "--checkpoint", "--job", str(job_id))
     assert r.returncode == 3, r.stdout + r.stderr           # the admin learns it died instead of saving
     assert "ended instead of saving" in r.stdout

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..drain import LEADER, drain_node
-from ..errors import ConfigError, SlurmCommandError
+from ..errors import ConfigError
 from ..failover import jobspec, policy, steps
 from ..slurm import Job, Slurm, split_nodes
 from . import channel

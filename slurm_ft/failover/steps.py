@@ -151,9 +151,8 @@ def clear_requeue_delay(slurm, journal, job: Job, *, start: str | None = "now") 
     once the job has left COMPLETING; call it every cycle until it returns True = job eligible).
     Moves the ft state from failover-in-progress to requeued once the job is eligible.
 
-    ``start``: ``"now"`` (a failover or evacuation that excluded the node), ``"now+2"`` (a
-    continuation that may restart on the node it left: a credential created in the same second
-    as the revocation is refused, so one whole second must pass; see below), or None to keep
+    ``start``: ``"now"`` (a failover or evacuation that excluded the node; the daemon also gives
+    it to a continuation once two seconds have passed since its requeue), or None to keep
     Slurm's delay (a retry that excluded no node: the job may land on the node it just left,
     whose slurmd refuses it while the revoked job credential is current — measured on 22.05:
     "Killing non-startable batch JobId=N: Job credential revoked" when restarted there at once —

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import LabError
 from ..slurm import SAFE_PATH
+from . import accounting as acct
 from . import layout as L
 from . import spank as lab_spank
 from .layout import Layout
@@ -213,7 +214,7 @@ def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path, extra: list[str
         "SlurmctldDebug=info", "SlurmdDebug=info",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-        "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
+        *acct.slurm_conf_lines(lay), "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none", "MpiDefault=none",
         "ReturnToService=2", "SlurmdTimeout=10", "InactiveLimit=0", "KillWait=5", "MinJobAge=600",
         "SlurmdParameters=config_overrides",
@@ -342,13 +343,16 @@ class Lab:
         for exe in (f"{SBIN}/slurmctld", f"{SBIN}/slurmd", f"{SBIN}/munged", f"{BIN}/sinfo"):
             if not os.access(exe, os.X_OK):
                 raise LabError(f"{exe} missing: install Debian's slurmctld slurmd slurm-client munge (make setup)")
+        if acct.missing_executables():
+            raise LabError(f"{', '.join(acct.missing_executables())} missing: install Debian's {acct.PACKAGES} "
+                           f"(make setup)")
         want = L.node_names(nodes)
         state = self._read_state()
         procs = self.processes()
         if (procs and all(p["alive"] for p in procs) and state.get("nodes") == want
                 and state.get("repo") == str(self.repo) and bool(state.get("daemon")) == daemon
                 and state.get("port_base", L.DEFAULT_PORT_BASE) == self.lay.port_base
-                and self._healthy(want)):
+                and state.get("accounting") and self._healthy(want)):
             log(f"lab already up in {self.lay.dir} ({', '.join(want)})")
             return self.status()
         if any(p["alive"] for p in procs):
@@ -359,7 +363,7 @@ class Lab:
         self._fresh_files(want, log)
         started: list[Proc] = []
         state = {"repo": str(self.repo), "nodes": want, "daemon": daemon, "procs": [], "started_at": time.time(),
-                 "port_base": self.lay.port_base}
+                 "port_base": self.lay.port_base, "accounting": True}
         self._write_state(state)
         try:
             munge = self._ensure_munge()
@@ -367,6 +371,7 @@ class Lab:
                 started.append(munge)
             self._check_ports(want)
             env = self._slurm_env()
+            started += self._start_accounting(state, started)
             started.append(_spawn("slurmctld", [f"{SBIN}/slurmctld", "-D", "-i", "-f", str(self.lay.slurm_conf)],
                                   self.lay.log("slurmctld.stdout"), env))
             self._record(state, started)
@@ -384,6 +389,17 @@ class Lab:
             raise
         log(f"lab up in {self.lay.dir}: {', '.join(want)} (export SLURM_CONF={self.lay.slurm_conf})")
         return self.status()
+
+    def _start_accounting(self, state: dict, started: list[Proc]) -> list[Proc]:
+        """MariaDB, then slurmdbd on it (``lab/accounting.py``); slurmctld registers with it."""
+        db = _spawn("mariadbd", acct.mariadbd_argv(self.lay), self.lay.log("mariadbd.stdout"), {"PATH": SAFE_PATH})
+        self._record(state, started + [db])
+        self._wait(lambda: acct.db_ready(self.lay), 60, "mariadbd", self.lay.log("mariadbd"))
+        dbd = _spawn("slurmdbd", acct.slurmdbd_argv(), self.lay.log("slurmdbd.stdout"),
+                     acct.slurmdbd_env(self.lay, self._slurm_env()))
+        self._record(state, started + [db, dbd])
+        self._wait(lambda: acct.dbd_ready(self.lay), 30, "slurmdbd", self.lay.log("slurmdbd"))
+        return [db, dbd]
 
     def _spawn_daemon(self) -> Proc:
         return _spawn("slurm-ft-daemon", [sys.executable, "-m", "slurm_ft.cli", "daemon"],
@@ -449,7 +465,7 @@ class Lab:
                 _make_dir(d / "archive")
                 _make_dir(archive)
                 os.rename(keep, archive / keep.name)  # same directory tree: a rename, never a copy
-        for sub in ("state", "spool", "run", "dev", "nvml", "nodestate"):
+        for sub in ("state", "spool", "run", "dev", "nvml", "nodestate", "accounting"):  # accounting: job ids restart
             shutil.rmtree(d / sub, ignore_errors=True)
         for sub in ("state", "run", "log", "journal", "nvml", "nodestate", "spool", "dev"):
             _make_dir(d / sub)
@@ -469,6 +485,9 @@ class Lab:
         write_file(self.lay.slurm_conf, render_slurm_conf(self.lay, nodes, self.repo,
                                                           lab_spank.slurm_conf_lines(self.lay.dir, so)))
         write_file(self.lay.gres_conf, render_gres_conf(self.lay, nodes))
+        _make_dir(self.lay.acct_dir, 0o700)  # the database and its socket: root only
+        write_file(self.lay.slurmdbd_conf, acct.render_slurmdbd_conf(self.lay), 0o600)
+        acct.install_db(self.lay)
 
     def _ensure_munge(self) -> Proc | None:
         """Use a working munged if there is one; else start one (and return it as ours)."""
@@ -500,11 +519,11 @@ class Lab:
             return False
 
     def _check_ports(self, nodes: list[str]) -> None:
-        ports = [self.lay.ctld_port] + [self.lay.slurmd_port(n) for n in nodes]
+        ports = [self.lay.ctld_port, self.lay.dbd_port] + [self.lay.slurmd_port(n) for n in nodes]
         for port in ports:
             if not _port_free(port):
                 raise LabError(f"port {port} is taken by {_port_owner(port)}; the lab needs ports "
-                               f"{ports[0]} and {ports[1]}-{ports[-1]} (use --port-base to move it)")
+                               f"{ports[0]}, {ports[1]} and {ports[2]}-{ports[-1]} (use --port-base to move it)")
 
     def _ping(self) -> bool:
         try:
@@ -542,8 +561,8 @@ class Lab:
         """Stop the processes this lab started (by recorded pid and start time) and their jobs."""
         state = self._trusted_state()
         procs = [p for p in state.get("procs", []) if _alive(p)]
-        order = sorted(procs, key=lambda p: 0 if p["name"] == "slurm-ft-daemon" else
-                       (1 if p["name"].startswith("slurmd") else (2 if p["name"] == "slurmctld" else 3)))
+        rank = {"slurm-ft-daemon": 0, "slurmctld": 2, "slurmdbd": 3, "mariadbd": 4}
+        order = sorted(procs, key=lambda p: rank.get(p["name"], 1 if p["name"].startswith("slurmd-") else 5))
         stepds = self._stepds()
         for p in order:
             self._stop(p)

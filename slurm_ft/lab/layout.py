@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_DIR = Path("/var/tmp/slurm-ft-lab")
-#: Ports: slurmctld on ``port_base + 17``, node ``nK`` on ``port_base + 200 + K``
-#: (default 16817 and 17001...; ``lab up --port-base`` moves a second lab out of the way).
+#: Ports: slurmctld on ``port_base + 17``, slurmdbd on ``port_base + 19``, node ``nK`` on
+#: ``port_base + 200 + K`` (default 16817, 16819 and 17001...; ``lab up --port-base`` moves a
+#: second lab out of the way). The lab's MariaDB listens on a unix socket only.
 DEFAULT_PORT_BASE = 16800
 GPUS_PER_NODE = 2
 MAX_NODES = 15
@@ -30,6 +31,9 @@ class Layout:
 
     @property
     def ctld_port(self) -> int: return self.port_base + 17
+
+    @property
+    def dbd_port(self) -> int: return self.port_base + 19
 
     def slurmd_port(self, node: str) -> int:
         return self.port_base + 200 + node_number(node)
@@ -52,6 +56,10 @@ class Layout:
     def journal_dir(self) -> Path: return self.dir / "journal"
     @property
     def daemon_journal(self) -> Path: return self.journal_dir / "daemon.db"
+    @property
+    def slurmdbd_conf(self) -> Path: return self.dir / "slurmdbd.conf"
+    @property
+    def acct_dir(self) -> Path: return self.dir / "accounting"
 
     def node_journal(self, node: str) -> Path:
         return self.journal_dir / f"node-{node}.db"
