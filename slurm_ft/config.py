@@ -65,6 +65,10 @@ class FailoverConfig:
     #: Requeues per job at its time limit after an exit checkpoint (``timeout`` once used up).
     #: Not faults, never taken from ``retries``; 0 = ft jobs simply end at their time limit.
     max_continuations: int = 10
+    #: An attempt with no root cause on any node (only ``unknown`` verdicts, e.g. every rank saw
+    #: a peer vanish) is retried once elsewhere without a drain (within ``unblamed_retries``)
+    #: when true; ends ``failed`` when false.
+    retry_unknown: bool = False
     #: What a failover does when excluding the blamed node leaves the job unable to run
     #: (pinned with ``-w``, a feature only that node has, too few nodes): ``hold`` (held with a
     #: reason saying so; an admin or the owner decides) or ``relax`` (drop the blamed node from

@@ -171,7 +171,7 @@ def test_parse_xid_skips_wrappers():
     (dict(exit_code=1, slurm_state="NODE_FAIL"), ("hardware", "slurm-node-fail", "drain_node")),
     (dict(exit_code=0, slurm_state="OUT_OF_MEMORY"), ("user", "slurm-out-of-memory", "none")),
     (dict(exit_code=0, slurm_state="TIMEOUT", signal=15), ("user", "slurm-timeout", "none")),
-    (dict(exit_code=0, slurm_state="PREEMPTED"), ("infra", "slurm-preempted", "retry")),
+    (dict(exit_code=0, slurm_state="PREEMPTED"), ("infra", "slurm-preempted", "none")),
     (dict(exit_code=0, slurm_state="cancelled by 1000"), ("user", "slurm-state-cancelled", "none")),
 ])
 def test_exit_status_and_slurm_state(kwargs, want):

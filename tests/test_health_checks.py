@@ -167,7 +167,7 @@ def test_healthy_node_all_checks_pass(tmp_path):
     assert unhealthy(results) == []
     assert {r.status for r in results} == {"pass"}
     assert [r.check for r in results][:2] == ["nvml_responsive", "gpu_count"]
-    assert len(results) == 2 + 8 * 8 + 1  # responsive, count, 8 per-GPU checks x 8 GPUs, xid
+    assert len(results) == 2 + 9 * 8 + 1  # responsive, count, 9 per-GPU checks x 8 GPUs, xid
 
 
 def test_faulty_fixture_blames_each_gpu(tmp_path):
@@ -236,3 +236,12 @@ def test_unreadable_kernel_log_is_fail(tmp_path, monkeypatch):
     r = results_for(run_checks(node(tmp_path, health={"xid_kmsg_window_s": 60}), "n1", only=["xid_events"]),
                     "xid_events", None)
     assert r.status == "fail" and "Permission denied" in r.measurement
+
+
+def test_compute_mode_prohibited_fails_exclusive_process_passes(tmp_path):
+    """A GPU left in compute mode Prohibited gives every job cudaErrorDevicesUnavailable:
+    the trusted check that confirms the classifier's cuda-device-busy (issue 11 input 5)."""
+    results = run_checks(node(tmp_path, gpu1={"compute_mode": 2}), "n1")
+    bad = results_for(results, "compute_mode")
+    assert bad.status == "fail" and "Prohibited" in bad.measurement
+    assert results_for(run_checks(node(tmp_path, gpu1={"compute_mode": 3}), "n1"), "compute_mode").status == "pass"

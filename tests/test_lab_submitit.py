@@ -163,6 +163,13 @@ def running_with_progress(slurm, job, ckpt, step: int = 3):
     return j
 
 
+def ended(slurm, job_id: int):
+    """The job's Slurm record once it has ended (the result file comes before COMPLETING ends)."""
+    job = slurm.wait_job(int(job_id), lambda j: j.ended, 30, 0.2)
+    assert job is not None, f"job {job_id} did not end: {slurm.job(int(job_id))}"
+    return job
+
+
 def one_start_per_attempt(result: dict, attempts: int) -> None:
     """Every requeue is one event: the trainer ran once per attempt, 0..attempts-1, in order."""
     assert [s[0] for s in result["starts"]] == list(range(attempts)), result["starts"]
@@ -185,7 +192,7 @@ def test_submitit_hardware_failover(lab, slurm, run, ft_history):
     (_, node0, _, _), (_, node1, pickled, from_file) = result["starts"]
     assert node0 == first.nodes and node1 != node0
     assert pickled == 0 and from_file >= 5          # no warning, no submitit checkpoint: its own file
-    final = slurm.job(first.job_id)
+    final = ended(slurm, first.job_id)
     assert final.state == "COMPLETED" and final.restart_count == 1
     h = ft_history(first.job_id, lambda h: h["ft_state"] == "completed")
     assert h["attempts"][0]["verdict"] == "hardware" and h["attempts"][0]["rule"] == "xid-79"
@@ -211,7 +218,7 @@ def test_submitit_drain_checkpoint(lab, slurm, run, ft_history):
     (_, node0, _, _), (_, node1, pickled, _) = result["starts"]
     assert node0 == first.nodes and node1 != node0
     assert pickled > 0                               # resumed from submitit's own checkpoint
-    final = slurm.job(first.job_id)
+    final = ended(slurm, first.job_id)
     assert final.state == "COMPLETED" and final.restart_count == 1
     h = ft_history(first.job_id, lambda h: h["ft_state"] == "completed")
     assert h["failovers"] == 0
@@ -238,7 +245,7 @@ def test_submitit_time_limit_self_requeue(lab, slurm, run, ft_history):
     pickled = [s[2] for s in result["starts"][1:]]
     assert all(p > 0 for p in pickled) and pickled == sorted(pickled)   # each from submitit's checkpoint
     job_id = int(job.job_id)
-    final = slurm.job(job_id)
+    final = ended(slurm, job_id)
     assert final.state == "COMPLETED" and final.restart_count == requeues
     h = ft_history(job_id, lambda h: h["ft_state"] == "completed")
     assert h["failovers"] == 0

@@ -1,8 +1,11 @@
 """Measure a policy against labelled cases (``--eval``): confusion matrix, misses, failover errors.
 
 Case format: JSON Lines, one object per line with at least ``id``, ``text`` and ``expected``
-(as in the shared corpus ``cases.jsonl``).  ``text`` is classified as mixed evidence: its lines
-are both kernel lines and job output, with no exit status and no bus-id context.
+(as in the shared corpus ``cases.jsonl``). ``kind`` says what the text is: ``kernel_log`` (kernel
+lines only), ``job_output`` (the job's output only), anything else or absent: mixed evidence (its
+lines are both kernel lines and job output). No exit status and no bus-id context. A case may
+list ``accept`` (classes that count as right, for disputed cases); a hardware verdict on a case
+whose ``accept`` lacks ``hardware`` is a false failover.
 """
 
 from __future__ import annotations
@@ -17,8 +20,13 @@ from .model import CLASSES, Evidence
 from .policy import Policy
 
 
-def evidence_from_text(text: str) -> Evidence:
-    """A blob of mixed evidence (kernel log and/or stderr and/or Slurm messages) as :class:`Evidence`."""
+def evidence_from_text(text: str, kind: str | None = None) -> Evidence:
+    """``text`` as :class:`Evidence`: kernel lines (``kind`` ``kernel_log``), the job's output
+    (``job_output``) or, for any other kind, a blob of mixed evidence read as both."""
+    if kind == "kernel_log":
+        return Evidence(kernel_lines=text.splitlines())
+    if kind == "job_output":
+        return Evidence(stderr_tail=text)
     return Evidence(kernel_lines=text.splitlines(), stderr_tail=text)
 
 
@@ -48,28 +56,43 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
     """Classify every case and score it.
 
     Returns ``{total, correct, accuracy, false_failover, missed_hardware, hardware_total,
-    hardware_recall, confusion: {expected: {got: n}}, misses: [{id, expected, got, rule, action}]}``.
-    ``false_failover``: expected anything but hardware, got hardware (a healthy node drained).
-    ``missed_hardware``: expected hardware, got something else.
+    hardware_recall, per_class: {class: {precision, recall, support}}, confusion: {expected: {got:
+    n}}, misses: [{id, expected, got, rule, action}]}``.
+    ``false_failover``: a hardware verdict where hardware is not an accepted class (a healthy node
+    drained). ``missed_hardware``: expected hardware, got something else. ``precision``/``recall``
+    of a class: over the cases with that label/verdict (accepted alternatives count as right).
     """
     confusion: dict[str, dict[str, int]] = {}
     misses = []
     correct = false_failover = missed_hw = hw_total = 0
+    right_by_label: dict[str, int] = {}
+    right_by_verdict: dict[str, int] = {}
     for case in cases:
-        v = classify(evidence_from_text(case["text"]), policy)
+        v = classify(evidence_from_text(case["text"], case.get("kind")), policy)
         exp, got = case["expected"], v.verdict
+        accept = set(case.get("accept") or ()) | {exp}
         confusion.setdefault(exp, {}).setdefault(got, 0)
         confusion[exp][got] += 1
         if exp == "hardware":
             hw_total += 1
-            missed_hw += got != "hardware"
-        elif got == "hardware":
+            missed_hw += got not in accept
+        elif got == "hardware" and "hardware" not in accept:
             false_failover += 1
-        if exp == got:
+        if got in accept:
             correct += 1
+            right_by_label[exp] = right_by_label.get(exp, 0) + 1
+            right_by_verdict[got] = right_by_verdict.get(got, 0) + 1
         else:
             misses.append({"id": str(case["id"]), "expected": exp, "got": got, "rule": v.rule, "action": v.action})
     total = len(cases)
+    per_class = {}
+    for c in CLASSES:
+        support = sum(confusion.get(c, {}).values())
+        predicted = sum(row.get(c, 0) for row in confusion.values())
+        if support or predicted:
+            per_class[c] = {"precision": round(right_by_verdict.get(c, 0) / predicted, 4) if predicted else None,
+                            "recall": round(right_by_label.get(c, 0) / support, 4) if support else None,
+                            "support": support}
     return {
         "total": total,
         "correct": correct,
@@ -78,6 +101,7 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
         "missed_hardware": missed_hw,
         "hardware_total": hw_total,
         "hardware_recall": round((hw_total - missed_hw) / hw_total, 4) if hw_total else None,
+        "per_class": per_class,
         "confusion": confusion,
         "misses": misses,
     }
@@ -92,6 +116,11 @@ def format_report(result: dict[str, Any]) -> str:
         row = result["confusion"].get(exp, {})
         out.append(exp.ljust(width) + "".join(str(row.get(got, 0)).rjust(width) for got in labels))
     out.append("")
+    out.append("class".ljust(width) + "precision".rjust(11) + "recall".rjust(9) + "support".rjust(9))
+    for c, m in result.get("per_class", {}).items():
+        out.append(c.ljust(width) + _ratio(m["precision"]).rjust(11) + _ratio(m["recall"]).rjust(9)
+                   + str(m["support"]).rjust(9))
+    out.append("")
     if result["misses"]:
         out.append("misses:")
         for m in result["misses"]:
@@ -102,3 +131,7 @@ def format_report(result: dict[str, Any]) -> str:
     out.append(f"false_failover={result['false_failover']} missed_hardware={result['missed_hardware']}"
                f" hardware_recall={'n/a' if recall is None else f'{recall:.4f}'}")
     return "\n".join(out)
+
+
+def _ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"

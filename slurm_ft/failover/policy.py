@@ -56,6 +56,9 @@ UNVERIFIED_RULE = "unverified:"
 FAILED_STATES = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 #: Verdict classes that fail a job over, and whether the node is blamed (drained, excluded).
 RETRY_CLASSES = {"hardware": True, "infra": False, "hang": False, "unknown": False}
+#: Rules that say Slurm itself ended the job (preemption, requeue, suspend): no fault, nothing
+#: blamed, not retried by slurm-ft (Slurm's own requeue, if any, brings the job back).
+NOT_A_FAULT_RULES = frozenset({"preempted", "slurm-preempted"})
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,14 @@ class SitePolicy:
     unblamed_max_runtime_s: float = 86400.0
     max_evacuations: int = 10
     max_continuations: int = 10
+    #: An attempt whose only verdicts are ``unknown`` (no root cause on any node: e.g. every rank
+    #: only saw a peer vanish) gets one unblamed retry elsewhere (True) or none (False).
+    retry_unknown: bool = False
 
     @classmethod
     def from_config(cls, failover) -> "SitePolicy":
         return cls(failover.unblamed_retries, float(failover.unblamed_max_runtime_s), failover.max_evacuations,
-                   failover.max_continuations)
+                   failover.max_continuations, bool(getattr(failover, "retry_unknown", False)))
 
 
 @dataclass(frozen=True)
@@ -90,12 +96,17 @@ class Decision:
         return self.kind == "failover" and not self.blamed_nodes
 
 
-def retry_class(v: dict) -> str | None:
+def retry_class(v: dict, site: "SitePolicy | None" = None) -> str | None:
     """The failover class of one node verdict: ``hardware`` (blame the node), ``infra``/``hang``/
-    ``unknown`` (retry without blame; ``unknown`` only for unverified output), or None."""
+    ``unknown`` (retry without blame; ``unknown`` only for unverified output, or any unknown when
+    the site sets ``retry_unknown``), or None (not a fault slurm-ft retries: a user error, or
+    Slurm's own preemption/requeue, :data:`NOT_A_FAULT_RULES`)."""
     cls = v["verdict"]
+    rule = str(v.get("rule", ""))
+    if rule in NOT_A_FAULT_RULES:
+        return None
     if cls == "unknown":
-        return "unknown" if str(v.get("rule", "")).startswith(UNVERIFIED_RULE) else None
+        return "unknown" if rule.startswith(UNVERIFIED_RULE) or (site is not None and site.retry_unknown) else None
     return cls if cls in RETRY_CLASSES else None
 
 
@@ -135,12 +146,12 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
         return Decision(COMPLETED, "job completed")
     by_class: dict[str, list[dict]] = {c: [] for c in RETRY_CLASSES}
     for v in verdicts:
-        c = retry_class(v)
+        c = retry_class(v, site)
         if c is not None:
             by_class[c].append(v)
     chosen = by_class["hardware"] or by_class["hang"] or by_class["infra"] or by_class["unknown"]
     if chosen:
-        kind = retry_class(chosen[0])
+        kind = retry_class(chosen[0], site)
         blamed = tuple(sorted({v["node"] for v in chosen})) if RETRY_CLASSES[kind] else ()
         what = f"{kind} fault ({chosen[0]['rule']})"
         if failovers_done >= retries:
@@ -159,6 +170,10 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
         return Decision(USER_ERROR, f"the job's own error: {v['rule']} on {v['node']}", (), tuple(users))
     if slurm_state == "TIMEOUT":
         return Decision(TIMEOUT, "time limit reached without an exit checkpoint", (), tuple(verdicts))
+    slurm_acted = [v for v in verdicts if v.get("rule") in NOT_A_FAULT_RULES]
+    if slurm_acted:
+        return Decision(FAILED, f"ended by Slurm ({slurm_acted[0]['rule']}), not a fault: not retried by slurm-ft",
+                        (), tuple(slurm_acted))
     if seconds_since_end < grace_s:
         return Decision("wait", "waiting for node verdicts")
     return Decision(FAILED, "no hardware fault found", (), tuple(verdicts))

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 CHECK_NAMES: tuple[str, ...] = (
     "gpu_count",
     "persistence",
+    "compute_mode",
     "ecc_volatile_uncorrected",
     "retired_pages",
     "row_remap",

@@ -1,6 +1,7 @@
-"""Checks on the node's GPU inventory: ``gpu_count`` and ``persistence``.
+"""Checks on the node's GPU inventory: ``gpu_count``, ``persistence`` and ``compute_mode``.
 
-NVML: nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex, nvmlDeviceGetPersistenceMode.
+NVML: nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex, nvmlDeviceGetPersistenceMode,
+nvmlDeviceGetComputeMode.
 """
 
 from __future__ import annotations
@@ -44,3 +45,26 @@ def _persistence(ctx: Context, handle: Any, index: int) -> CheckResult:
 def persistence(ctx: Context) -> Iterator[CheckResult]:
     """Per GPU: persistence mode on (``value`` 1) or off (0 -> ``persistence_severity``)."""
     return per_gpu(ctx, "persistence", _persistence)
+
+
+#: ``nvmlComputeMode_t`` names (NVML API reference, nvmlDeviceGetComputeMode).
+COMPUTE_MODES = {pynvml.NVML_COMPUTEMODE_DEFAULT: "Default", pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "Exclusive_Thread",
+                 pynvml.NVML_COMPUTEMODE_PROHIBITED: "Prohibited",
+                 pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "Exclusive_Process"}
+
+
+def _compute_mode(ctx: Context, handle: Any, index: int) -> CheckResult:
+    mode = ctx.nv.nvmlDeviceGetComputeMode(handle)
+    name = COMPUTE_MODES.get(mode, f"unknown ({mode})")
+    if mode == pynvml.NVML_COMPUTEMODE_PROHIBITED:
+        # no process can create a CUDA context: "CUDA-capable device(s) is/are busy or unavailable"
+        return CheckResult("compute_mode", "fail", index, f"GPU{index} compute mode {name}: no CUDA context possible",
+                           mode)
+    return CheckResult("compute_mode", "pass", index, f"GPU{index} compute mode {name}", mode)
+
+
+def compute_mode(ctx: Context) -> Iterator[CheckResult]:
+    """Per GPU: compute mode (``value``: nvmlComputeMode_t). Prohibited fails (an admin or a
+    broken reset left the GPU unusable: every job on it gets cudaErrorDevicesUnavailable);
+    Exclusive_Process is a site's choice and passes."""
+    return per_gpu(ctx, "compute_mode", _compute_mode)

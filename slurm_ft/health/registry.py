@@ -12,6 +12,7 @@ from .result import CheckResult
 CHECKS: dict[str, Callable[[Context], Iterable[CheckResult]]] = {
     "gpu_count": device.gpu_count,
     "persistence": device.persistence,
+    "compute_mode": device.compute_mode,
     "ecc_volatile_uncorrected": memory.ecc_volatile_uncorrected,
     "retired_pages": memory.retired_pages,
     "row_remap": memory.row_remap,

@@ -229,6 +229,9 @@ class FakeNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetPersistenceMode")
         return pynvml.NVML_FEATURE_ENABLED if gpu["persistence_mode"] else pynvml.NVML_FEATURE_DISABLED
 
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetComputeMode")["compute_mode"]
+
     # -- events -------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> FakeEventSet:
         self._node()

@@ -66,6 +66,7 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("pcie_width_max", "int", 16, "nvmlDeviceGetMaxPcieLinkWidth (lanes)"),
     Field("nvlink_links", "list[int]", [1] * 18, "state per NVLink link (1 up, 0 down); empty = no NVLink"),
     Field("persistence_mode", "bool", True, "nvmlDeviceGetPersistenceMode"),
+    Field("compute_mode", "int", 0, "nvmlDeviceGetComputeMode (0 default, 2 prohibited, 3 exclusive process)"),
     Field("xid_events", "list[int]", [], "Xid codes delivered by nvmlEventSetWait (on every check until cleared)"),
 )
 

@@ -1,0 +1,119 @@
+"""The files slurm-ft puts beside Slurm, read from the package (``slurm_ft/data/``) and rendered.
+
+One source for both users of them: ``slurm-ft install`` (a real cluster, docs/install.md) and
+``slurm-ft lab up`` (slurm_ft/lab/spank.py). Nothing here writes a file.
+
+* ``lua/job_submit.lua.in`` (slurmctld) and ``lua/cli_filter.lua`` (sbatch): docs/spank.md,
+  docs/ft-token.md; job_submit.lua carries the site's retry limits (:func:`render_job_submit`);
+* ``install/slurm-ft-prolog.in``, ``install/slurm-ft-epilog.in``: the scripts slurmd runs, with
+  the absolute path of the Python that has slurm-ft (:func:`render_wrapper`);
+* ``install/slurm-ft-daemon.service.in``: the daemon's systemd unit (:func:`render_unit`);
+* ``install/slurm-ft.toml``: the commented default config;
+* ``spank/slurm_ft_spank.c`` and its ``Makefile``: the SPANK plugin's source (built on the site).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from importlib import resources
+from pathlib import Path
+
+from .config import FailoverConfig
+
+#: Where ``slurm-ft install`` puts each kind of file (below ``--prefix``); docs/install.md.
+LIBEXEC_DIR = "/usr/local/libexec/slurm-ft"
+SPANK_SRC_DIR = "/usr/local/src/slurm-ft/spank"
+SPANK_LIB = "/usr/local/lib/slurm-ft/slurm_ft_spank.so"
+UNIT_PATH = "/etc/systemd/system/slurm-ft-daemon.service"
+CONFIG_PATH = "/etc/slurm-ft/slurm-ft.toml"
+SLURM_CONF_DIR = "/etc/slurm"
+#: Characters a path rendered into a unit file or a shell script may hold (no quoting games).
+_PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._+/@:=,-]*$")
+
+
+def data_text(name: str) -> str:
+    """The text of ``slurm_ft/data/<name>`` (installed package or checkout alike)."""
+    return resources.files("slurm_ft").joinpath("data", *name.split("/")).read_text(encoding="utf-8")
+
+
+def plain_path(path: str | Path, what: str) -> str:
+    """``path`` as text if it is absolute and holds no whitespace, quote, ``$``, ``%`` or ``\\``
+    (it goes into shell scripts and systemd units verbatim); else ValueError naming ``what``."""
+    text = str(path)
+    if not _PLAIN_PATH.match(text):
+        raise ValueError(f"{what}: {text!r} must be an absolute path of plain characters "
+                         f"(letters, digits, / . _ + @ : = , -)")
+    return text
+
+
+def render_cli_filter() -> str:
+    return data_text("lua/cli_filter.lua")
+
+
+def render_job_submit(max_retries: int = FailoverConfig.max_retries,
+                      default_retries: int = FailoverConfig.retries) -> str:
+    """job_submit.lua with the site's retry limits: ``max_retries`` (``[failover] max_retries``,
+    larger ``--ft-retries``/``ft:retries`` are refused at submit) and ``default_retries``
+    (``[failover] retries``, written when the job gives none). Raises ValueError unless
+    ``0 <= default_retries <= max_retries <= 100``."""
+    for name, v in (("max_retries", max_retries), ("default_retries", default_retries)):
+        if type(v) is not int or not 0 <= v <= 100:
+            raise ValueError(f"{name}: an integer 0..100, got {v!r}")
+    if default_retries > max_retries:
+        raise ValueError(f"default_retries {default_retries} exceeds max_retries {max_retries}")
+    return (data_text("lua/job_submit.lua.in").replace("@MAX_RETRIES@", str(max_retries))
+            .replace("@DEFAULT_RETRIES@", str(default_retries)))
+
+
+def venv_python() -> str:
+    """The Python that runs this slurm-ft, as its virtualenv names it (``<venv>/bin/python``,
+    not the interpreter the venv links to): the path the prolog/epilog wrappers exec."""
+    candidate = Path(sys.prefix) / "bin" / "python"
+    return str(candidate if candidate.exists() else Path(sys.executable))
+
+
+def slurm_ft_command() -> str:
+    """How the daemon is started: ``<venv>/bin/slurm-ft`` when the entry point exists, else this
+    Python with ``-m slurm_ft.cli``."""
+    script = Path(sys.prefix) / "bin" / "slurm-ft"
+    return str(script) if script.exists() else f"{venv_python()} -m slurm_ft.cli"
+
+
+def render_wrapper(kind: str, python: str, installed_at: str) -> str:
+    """The prolog or epilog wrapper (``kind``: ``prolog``/``epilog``) that execs ``python -I -m
+    slurm_ft.<kind>``, and exits 1 (Slurm drains the node) when ``python`` is missing."""
+    if kind not in ("prolog", "epilog"):
+        raise ValueError(f"kind: prolog or epilog, got {kind!r}")
+    return (data_text(f"install/slurm-ft-{kind}.in")
+            .replace("@PYTHON@", shlex.quote(plain_path(python, "python")))
+            .replace("@WRAPPER@", plain_path(installed_at, "wrapper path")))
+
+
+def render_unit(command: str, config: str = CONFIG_PATH) -> str:
+    """The daemon's systemd unit; ``command``: the slurm-ft executable (or ``python -m
+    slurm_ft.cli``), ``config``: the ``SLURM_FT_CONFIG`` it reads."""
+    words = command.split(" ")
+    for w in words:
+        if w.startswith("/"):
+            plain_path(w, "slurm-ft command")
+        elif w not in ("-m", "slurm_ft.cli"):
+            raise ValueError(f"slurm-ft command: unexpected word {w!r} in {command!r}")
+    return (data_text("install/slurm-ft-daemon.service.in").replace("@SLURM_FT@", command)
+            .replace("@CONFIG@", plain_path(config, "config path")))
+
+
+def default_config() -> str:
+    return data_text("install/slurm-ft.toml")
+
+
+def render_plugstack_line(so: str = SPANK_LIB) -> str:
+    """The plugstack.conf line that loads the plugin (``optional``: a host without the .so still
+    runs jobs; ``sbatch --ft`` there fails with "unrecognized option")."""
+    return f"optional {plain_path(so, 'plugin path')}"
+
+
+def spank_sources() -> dict[str, str]:
+    """The SPANK plugin's source files: name -> text."""
+    return {name: data_text(f"spank/{name}") for name in ("slurm_ft_spank.c", "Makefile")}
