@@ -64,7 +64,7 @@ def test_eval_text_and_json():
 def test_eval_with_policy_override(tmp_path):
     """An admin tries a stricter policy on labelled logs before deploying it."""
     cfg = tmp_path / "slurm-ft.toml"
-    cfg.write_text('[classify.signature.cuda-oom]\nclass = "hardware"\n')
+    cfg.write_text('[classify.signature.pcie-aer-correctable]\nclass = "hardware"\naction = "drain_node"\n')
     d = json.loads(run(["--eval", str(CASES), "--json", "--config", str(cfg)]).output)
     assert d["false_failover"] > 0
 

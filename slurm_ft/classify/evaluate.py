@@ -5,7 +5,9 @@ Case format: JSON Lines, one object per line with at least ``id``, ``text`` and 
 lines only), ``job_output`` (the job's output only), anything else or absent: mixed evidence (its
 lines are both kernel lines and job output). No exit status and no bus-id context. A case may
 list ``accept`` (classes that count as right, for disputed cases); a hardware verdict on a case
-whose ``accept`` lacks ``hardware`` is a false failover.
+whose ``accept`` lacks ``hardware`` is a false failover. A verdict with action ``verify`` (only the
+job's output suggested hardware) is scored as the epilog's trusted GPU checks would settle it when
+right: hardware where hardware is accepted, else unknown (counted as ``verify``).
 """
 
 from __future__ import annotations
@@ -64,13 +66,18 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
     """
     confusion: dict[str, dict[str, int]] = {}
     misses = []
-    correct = false_failover = missed_hw = hw_total = 0
+    correct = false_failover = missed_hw = hw_total = verified = 0
     right_by_label: dict[str, int] = {}
     right_by_verdict: dict[str, int] = {}
     for case in cases:
         v = classify(evidence_from_text(case["text"], case.get("kind")), policy)
         exp, got = case["expected"], v.verdict
         accept = set(case.get("accept") or ()) | {exp}
+        if v.action == "verify":
+            # only the job's output suggested hardware: the epilog's trusted checks decide (a
+            # faulty GPU fails them, a healthy one does not): scored as if they are right
+            verified += 1
+            got = "hardware" if "hardware" in accept else "unknown"
         confusion.setdefault(exp, {}).setdefault(got, 0)
         confusion[exp][got] += 1
         if exp == "hardware":
@@ -101,6 +108,7 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
         "missed_hardware": missed_hw,
         "hardware_total": hw_total,
         "hardware_recall": round((hw_total - missed_hw) / hw_total, 4) if hw_total else None,
+        "verify": verified,
         "per_class": per_class,
         "confusion": confusion,
         "misses": misses,
@@ -127,7 +135,8 @@ def format_report(result: dict[str, Any]) -> str:
             out.append(f"  {m['id']}: expected {m['expected']}, got {m['got']} (rule {m['rule']}, action {m['action']})")
         out.append("")
     recall = result["hardware_recall"]
-    out.append(f"total={result['total']} correct={result['correct']} accuracy={result['accuracy']:.4f}")
+    out.append(f"total={result['total']} correct={result['correct']} accuracy={result['accuracy']:.4f}"
+               f" verify={result.get('verify', 0)}")
     out.append(f"false_failover={result['false_failover']} missed_hardware={result['missed_hardware']}"
                f" hardware_recall={'n/a' if recall is None else f'{recall:.4f}'}")
     return "\n".join(out)
