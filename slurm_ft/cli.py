@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
+import os
 import sys
 
 import click
 
 from . import config as config_mod
+from . import logfmt
 from .errors import SlurmFTError
 from .lab import layout as lab_layout
 
@@ -27,13 +28,24 @@ def main() -> None:
 @click.option("--once", is_flag=True, help="Run one cycle and exit (cron-style).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-def daemon(once: bool, config_path: str | None, verbose: bool) -> None:
-    """Requeue daemon: fail hardware-faulted jobs over to healthy nodes (runs as root on the controller)."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(message)s")
+@click.option("--log-format", type=click.Choice(logfmt.FORMATS), default="text", show_default=True,
+              help="Log lines on stderr as plain text, or one JSON object per line (time, level, logger, message).")
+def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str) -> None:
+    """Requeue daemon: fail hardware-faulted jobs over to healthy nodes (runs as root on the controller).
+    One daemon per journal: it holds a lock in the journal's directory, and a second one exits
+    with an error. Each cycle it records a heartbeat there (slurm-ft doctor, ft-history)."""
+    logfmt.setup(log_format, verbose=verbose)
+    if os.geteuid() != 0:
+        raise click.ClickException("slurm-ft daemon runs as root: it writes the journal and runs scontrol "
+                                   "requeue/update/drain (systemd: slurm-ft install, docs/install.md)")
+    from . import daemonlock
     from .failover.daemon import Daemon
+    from .journal import open_daemon_journal
     try:
-        Daemon(config_mod.load(config_path)).run(once=once)
+        cfg = config_mod.load(config_path)
+        open_daemon_journal(cfg).close()    # the journal's directory, with the journal's permissions
+        with daemonlock.acquire(cfg.journal.path):
+            Daemon(cfg).run(once=once)
     except SlurmFTError as exc:
         raise _fail(exc) from None
 
@@ -121,6 +133,26 @@ def report(fmt: str | None, as_json: bool, output: str | None, days: float, flap
     click.echo(f"wrote {terminal_safe(output)}" if output else text)
 
 
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--restarts", type=click.IntRange(0, 100), default=3, show_default=True,
+              help="In-place restarts of the step after infra or hang failures, per job attempt (apart from "
+                   "--ft-retries, the requeue budget).")
+@click.option("--delay", "delay_s", type=click.FloatRange(0, 600), default=2.0, show_default=True,
+              help="Seconds between a failure and the restart.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_command(restarts: int, delay_s: float, command: tuple[str, ...]) -> None:
+    """Run a job step (slurm-ft run -- srun ...) inside a batch script and re-launch it in the same
+    allocation when it fails for an infra or hang reason, up to --restarts times; a user error is
+    not retried; hardware and anything else ends the job so that slurm-ft requeues it (elsewhere,
+    for a hardware fault). Exits with the step's status. Each restart is recorded in the job's
+    comment and shown by ft-history."""
+    from .inplace import run
+    argv = list(command[1:] if command and command[0] == "--" else command)
+    if not argv:
+        raise click.UsageError("no command to run (slurm-ft run -- srun ...)")
+    sys.exit(run(argv, restarts, delay_s=delay_s))
+
+
 # ------------------------------------------------------------------------------------------ lab
 @main.group()
 def lab() -> None:
@@ -128,7 +160,9 @@ def lab() -> None:
 
 
 _dir_option = click.option("--dir", "lab_dir", type=click.Path(file_okay=False), default=str(lab_layout.DEFAULT_DIR),
-                           show_default=True, help="Lab directory (config, state, logs, journals).")
+                           envvar="SLURM_FT_LAB_DIR", show_default=True, show_envvar=True,
+                           help="Lab directory (config, state, logs, journals); `lab env` exports it as "
+                                "$SLURM_FT_LAB_DIR for the next lab commands.")
 
 
 def _lab(lab_dir: str):
@@ -202,6 +236,30 @@ def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool, lab_dir: str) -
         click.echo(f"killed pid {k['pid']} (job {k['job']})")
 
 
+@lab.command("inject-infra")
+@click.argument("node")
+@click.option("--job", "job_id", type=click.IntRange(min=1), default=None,
+              help="Only this job's step tasks on NODE (default: every job's).")
+@click.option("--message", default=None,
+              help="Line the killed tasks print on stderr [default: an NCCL InfiniBand completion error].")
+@_dir_option
+def lab_inject_infra(node: str, job_id: int | None, message: str | None, lab_dir: str) -> None:
+    """Make the step tasks of the jobs on NODE fail as a network fault does: each task prints an
+    infra error line on its stderr and is killed (SIGKILL). The batch script is left alone."""
+    from .lab.inject import inject_infra
+    lab_ = _lab(lab_dir)
+    if node not in lab_.nodes():
+        raise click.BadParameter(f"{node!r} is not a node of the lab in {lab_dir}", param_hint="NODE")
+    try:
+        done = inject_infra(node, conf=str(lab_.lay.slurm_conf), job_id=job_id, message=message)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+    for k in done["killed"]:
+        click.echo(f"killed pid {k['pid']} (job {k['job']} step {k['step']})")
+    if not done["killed"]:
+        raise click.ClickException(f"no step task of {'job ' + str(job_id) if job_id else 'any job'} on {node}")
+
+
 @lab.command("set-gpu")
 @click.argument("node")
 @click.argument("gpu", type=click.IntRange(min=0))
@@ -230,10 +288,11 @@ def lab_set_gpu(node: str, gpu: int, assignments: tuple[str, ...], lab_dir: str)
 @lab.command("env")
 @_dir_option
 def lab_env(lab_dir: str) -> None:
-    """Print the shell exports that point Slurm's commands and slurm-ft at the lab:
-    eval "$(.venv/bin/slurm-ft lab env)"."""
+    """Print the shell exports that point Slurm's commands, slurm-ft and the other `slurm-ft lab`
+    commands at the lab: eval "$(.venv/bin/slurm-ft lab env --dir DIR)"."""
     import shlex
     lay = _lab(lab_dir).lay
+    click.echo(f"export SLURM_FT_LAB_DIR={shlex.quote(str(lay.dir))}")
     click.echo(f"export SLURM_CONF={shlex.quote(str(lay.slurm_conf))}")
     click.echo(f"export SLURM_FT_CONFIG={shlex.quote(str(lay.ft_conf))}")
 
@@ -264,11 +323,17 @@ def lab_demo(lab_dir: str) -> None:
     sys.exit(0 if ok else 1)
 
 
+from .admin_cli import doctor_command, install_command, metrics_command  # noqa: E402
+from .bisect.cli import bisect_command  # noqa: E402
 from .breaker_cli import breaker_command  # noqa: E402
 from .classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
 from .health.cli import health_command  # noqa: E402
 
+main.add_command(bisect_command)
 main.add_command(breaker_command)
+main.add_command(doctor_command)
+main.add_command(install_command)
+main.add_command(metrics_command)
 main.add_command(classify_command)
 main.add_command(health_command)
 

@@ -76,8 +76,17 @@ class FailoverConfig:
     unsatisfiable: str = "hold"
     #: Drain the node blamed by a hardware verdict.
     drain: bool = True
-    #: Seconds between daemon cycles.
+    #: Seconds between daemon cycles (a cycle with nothing to do asks Slurm nothing).
     poll_interval_s: float = 0.5
+    #: Directory where slurm-ft's PrologSlurmctld/EpilogSlurmctld hook
+    #: (``contrib/slurm-ft-ctld-event``) drops "ft job started/ended" events; the daemon wakes on
+    #: them (docs/architecture.md, "Event flow"). "" = no hook: faults are found by the node poll.
+    events_dir: str = "/run/slurm-ft/events"
+    #: Seconds between full reconciliations (every job, ``squeue --json``); 0 = every cycle.
+    scan_interval_s: float = 60.0
+    #: Seconds between reads of the node records (mailboxes, health drains, lost nodes) when no
+    #: event asks for one sooner.
+    node_poll_s: float = 5.0
     #: Node field used as the per-node verdict mailbox (see docs/architecture.md).
     mailbox_field: str = "Extra"
     #: Verdict records kept per node mailbox (oldest dropped first).
@@ -123,6 +132,53 @@ class NodeStateConfig:
 
 
 @dataclass(frozen=True)
+class HangConfig:
+    """Hang detection for jobs submitted with ``--ft-hang-timeout`` (docs/hang.md): one watcher
+    per job and node, started by the prolog, reading the job's heartbeats (or, without them, the
+    growth of its output file and its GPUs' utilisation)."""
+    #: Seconds after the job starts on a node before its hang window opens (model loading, data
+    #: preparation): a job is never found hung before ``grace_s`` + its ``--ft-hang-timeout``.
+    grace_s: float = 1800.0
+    #: Seconds between two looks of a watcher; a hang is found at most this long after the window
+    #: has passed. Each look reads a few small files: about 1 ms of CPU.
+    poll_s: float = 30.0
+    #: Root-owned directory that holds one heartbeat directory per job (``{node}`` replaced by the
+    #: node name; the lab puts it in the lab directory). Keep it on a local filesystem (tmpfs).
+    heartbeat_dir: str = "/run/slurm-ft/heartbeat"
+    #: Longest a ``saving`` report pauses the window (seconds; 0 = as long as the save lasts).
+    save_max_s: float = 7200.0
+    #: For jobs without heartbeats: GPU utilisation (percent, NVML) at or above which a look counts
+    #: as progress; output growth counts too. 0 = utilisation never counts.
+    busy_util_pct: int = 5
+    #: py-spy executable for the stack dumps ("" = next to this Python, then /usr/local/bin,
+    #: /usr/bin); it must be root's and not writable by others. Runs as the job's user.
+    py_spy: str = ""
+    #: Seconds each stack dump may take.
+    dump_timeout_s: float = 20.0
+    #: Seconds between SIGTERM and SIGKILL when a hung job's processes are ended.
+    kill_wait_s: float = 10.0
+    #: Seconds between a watcher's checks with Slurm (``scontrol show job``) that the job still
+    #: runs on its node (the epilog's removal of the start marker is seen at every look).
+    slurm_check_s: float = 300.0
+    #: End a hung job (true) or only record the verdict and evidence (false: trying it out).
+    act: bool = True
+
+
+@dataclass(frozen=True)
+class BisectConfig:
+    """``slurm-ft bisect`` (docs/bisect.md): find the node that makes a multi-node test fail."""
+    #: The daemon starts a bisect on the nodes of a multi-node job that failed with an ``infra`` or
+    #: ``unknown`` verdict and blamed no node. Off by default: a bisect takes those nodes for a while.
+    auto: bool = False
+    #: Seconds each test job may run (``srun --time``, rounded up to minutes, and a local timeout).
+    test_timeout_s: float = 600.0
+    #: Partition for the test jobs ("" = Slurm's default).
+    partition: str = ""
+    #: Drain the node(s) a bisect finds (with a reason naming the test).
+    drain: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     journal: JournalConfig = field(default_factory=JournalConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
@@ -130,6 +186,8 @@ class Config:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
     node_state: NodeStateConfig = field(default_factory=NodeStateConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
+    bisect: BisectConfig = field(default_factory=BisectConfig)
     #: Raw ``[classify]`` table, validated by ``slurm_ft.classify``.
     classify: dict[str, Any] = field(default_factory=dict)
     #: Raw ``[health]`` table, validated by ``slurm_ft.health``.
@@ -139,6 +197,10 @@ class Config:
 
     def node_journal_path(self, node: str) -> str:
         return self.journal.node_path.replace("{node}", node)
+
+    def heartbeat_root(self, node: str) -> str:
+        """The directory holding the per-job heartbeat directories on ``node`` ([hang] heartbeat_dir)."""
+        return self.hang.heartbeat_dir.replace("{node}", node)
 
     def nvml_inventory_path(self, node: str) -> str:
         return self.nvml.inventory.replace("{node}", node)
@@ -151,6 +213,8 @@ _SECTIONS = {
     "slurm": SlurmConfig,
     "nvml": NvmlConfig,
     "node_state": NodeStateConfig,
+    "hang": HangConfig,
+    "bisect": BisectConfig,
 }
 _RAW_SECTIONS = ("classify", "health")
 
@@ -199,6 +263,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"failover.priority_boost: must be >= 0, got {f.priority_boost}")
     if f.poll_interval_s <= 0:
         raise ConfigError("failover.poll_interval_s: must be > 0")
+    if f.scan_interval_s < 0:
+        raise ConfigError(f"failover.scan_interval_s: must be >= 0, got {f.scan_interval_s}")
+    if f.node_poll_s <= 0:
+        raise ConfigError(f"failover.node_poll_s: must be > 0, got {f.node_poll_s}")
     if f.mailbox_field not in ("Extra", "Comment"):
         raise ConfigError(f"failover.mailbox_field: Extra or Comment, got {f.mailbox_field!r}")
     if cfg.nvml.backend not in ("real", "fake"):
@@ -207,6 +275,21 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("nvml.inventory: required when nvml.backend = 'fake'")
     if cfg.slurm.command_timeout_s <= 0:
         raise ConfigError("slurm.command_timeout_s: must be > 0")
+    h = cfg.hang
+    for key in ("poll_s", "dump_timeout_s", "slurm_check_s"):
+        if getattr(h, key) <= 0:
+            raise ConfigError(f"hang.{key}: must be > 0, got {getattr(h, key)}")
+    for key in ("grace_s", "save_max_s", "kill_wait_s"):
+        if getattr(h, key) < 0:
+            raise ConfigError(f"hang.{key}: must be >= 0, got {getattr(h, key)}")
+    if not 0 <= h.busy_util_pct <= 100:
+        raise ConfigError(f"hang.busy_util_pct: must be 0..100, got {h.busy_util_pct}")
+    if not os.path.isabs(h.heartbeat_dir.replace("{node}", "n")):
+        raise ConfigError(f"hang.heartbeat_dir: must be an absolute path, got {h.heartbeat_dir!r}")
+    if h.py_spy and not os.path.isabs(h.py_spy):
+        raise ConfigError(f"hang.py_spy: must be an absolute path (root never searches $PATH), got {h.py_spy!r}")
+    if cfg.bisect.test_timeout_s <= 0:
+        raise ConfigError(f"bisect.test_timeout_s: must be > 0, got {cfg.bisect.test_timeout_s}")
 
 
 def from_dict(data: dict[str, Any], source: str | None = None) -> Config:

@@ -5,21 +5,40 @@ from __future__ import annotations
 from .errors import SlurmFTError
 
 LEADER = "slurm-ft:"
+#: Rule prefix of a hardware verdict the trusted GPU checks confirmed (slurm_ft/epilog.py).
+VERIFIED = "verified:"
 #: Reasons slurmctld/slurmd set by themselves (not an admin's words): slurm-ft may replace them
 #: with its own, more precise reason. From Slurm's source (node_mgr.c, job_mgr.c, req.c).
 SLURM_REASONS = ("Not responding", "Prolog error", "Epilog error", "Kill task failed", "Node unexpectedly rebooted",
                  "batch job complete failure", "Prolog failed", "Epilog failed", "Job credential expired")
 
 
+#: ``sinfo -R`` shows the first 20 characters of a reason: :func:`drain_reason` puts who and what
+#: first (``slurm-ft: Xid 79 GPU``), where and which job after.
+SINFO_REASON_WIDTH = 20
+
+
 def drain_reason(job_id: int, verdict: dict) -> str:
-    """``slurm-ft: Xid 79 on 0000:10:00 (job 12)``-style reason for a verdict (a dict with ``xids``
-    and ``rule``, as ``Verdict.to_dict()`` or the journal gives it)."""
-    xids = verdict.get("xids") or []
+    """The drain reason for a verdict (a dict with ``xids`` and ``rule``, as ``Verdict.to_dict()``
+    or the journal gives it): ``slurm-ft: Xid 79 GPU 0000:10:00 (job 12)`` (every distinct Xid
+    code, up to three: ``Xid 79,48 GPU ...``; the first one's bus id), else
+    ``slurm-ft: <rule> (job 12)`` with a ``verified:`` prefix moved behind the rule
+    (``slurm-ft: cuda-ecc-uncorrectable, verified (job 12)``). The first 20 characters (what
+    ``sinfo -R`` shows) name slurm-ft and the fault; ``(job N)`` always ends it (the drain report
+    reads it)."""
+    xids = [x for x in verdict.get("xids") or [] if isinstance(x, dict) and "xid" in x]
     if xids:
-        x = xids[0]
-        where = f" on {x['bus_id']}" if x.get("bus_id") else ""
-        return f"{LEADER} Xid {x['xid']}{where} (job {job_id})"
-    return f"{LEADER} {verdict.get('rule', 'fault')} (job {job_id})"
+        codes: list[str] = []
+        for x in xids:
+            if str(x["xid"]) not in codes:
+                codes.append(str(x["xid"]))
+        bus = next((x["bus_id"] for x in xids if x.get("bus_id")), None)
+        where = f" GPU {bus}" if bus else ""
+        return f"{LEADER} Xid {','.join(codes[:3])}{where} (job {job_id})"
+    rule = str(verdict.get("rule") or "fault")
+    if rule.startswith(VERIFIED):
+        rule = f"{rule[len(VERIFIED):]}, verified"
+    return f"{LEADER} {rule} (job {job_id})"
 
 
 def drain_node(slurm, node: str, reason: str, *, breaker=None, nodes: list | None = None) -> str:

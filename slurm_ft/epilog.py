@@ -5,7 +5,8 @@ Reads: ``SLURM_JOB_ID``, ``SLURMD_NODENAME``, ``SLURM_JOB_RESTART_COUNT``, ``SLU
 (wait status), ``SLURM_JOB_GPUS``, ``SLURM_JOB_UID``, ``SLURM_JOB_STDOUT``/``STDERR``,
 ``SLURM_JOB_WORK_DIR``; the kernel log since the job started (``/dev/kmsg``); this node's GPU
 inventory (NVML). Writes: the node's own journal; a non-ok verdict also goes to the node's mailbox
-field in Slurm (see ``failover.mailbox``), where the daemon picks it up.
+field in Slurm (see ``failover.mailbox``), where the daemon picks it up. The verdict is filed under
+the attempt that ran here (the prolog's start marker), not Slurm's restart count at the end.
 
 Always exits 0: a non-zero epilog would make Slurm drain the node as "Epilog error", and a bug of
 ours must never take a healthy node out of service. Errors go to stderr (slurmd's log).
@@ -153,6 +154,7 @@ def run(env: dict[str, str] | None = None) -> int:
         return 0
     try:
         marker = pop_start_marker(cfg.node_state.dir, job)
+        job = attempt_that_ran(job, marker)
         since = window_start(cfg, job, marker, log)
         from .classify import classify, default_policy, from_config
         policy = from_config(cfg.classify) if cfg.classify else default_policy()
@@ -214,35 +216,59 @@ def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
                                evidence=lines[:MAX_EVIDENCE_LINES])
 
 
+def attempt_that_ran(job: NodeJob, marker: dict | None) -> NodeJob:
+    """``job`` with the attempt that ran on this node: the prolog's start marker records it.
+    Slurm's ``SLURM_JOB_RESTART_COUNT`` in the epilog is already the *next* attempt's when the
+    job was requeued while it ran (an evacuation, a continuation, a prolog failure)."""
+    import dataclasses
+
+    ran = marker.get("attempt") if marker else None
+    if isinstance(ran, int) and not isinstance(ran, bool) and 0 <= ran < job.attempt:
+        return dataclasses.replace(job, attempt=ran)
+    return job
+
+
+#: Seconds the epilog waits for a locked node journal before it spools the rows instead.
+JOURNAL_BUSY_S = 1.0
+
+
 def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None:
-    """Node journal first, then the drain (trusted hardware only, within the circuit breaker) and
-    the mailbox for the daemon (non-ok verdicts only). A journal that cannot be written (locked,
-    full) is logged and skipped: the drain and the post still happen."""
+    """Drain (trusted hardware only, within the circuit breaker) and post the verdict to the
+    mailbox for the daemon (non-ok verdicts only; a refused post waits in the node's outbox),
+    then the node journal. Nothing waits on the journal: one another process holds locked gets
+    the rows through its spool (``<journal>.spool``) a moment later."""
     from .failover import mailbox
+    from .failover.verdict import NodeVerdict
     from .journal import open_node_journal
     from .slurm import Slurm
 
-    d = verdict.to_dict()
-    try:
-        with open_node_journal(cfg, job.node) as journal:
-            journal.upsert_attempt(job.job_id, job.attempt, nodes=job.node, start=start, end=time.time(),
-                                   exit_code=job.exit_code, signal=job.signal)
-            journal.add_verdict(job.job_id, job.attempt, job.node, d["verdict"], d["rule"], d["xids"],
-                                d["evidence"], d["action"], job.exit_code, source="epilog")
-    except SlurmFTError as exc:
-        # the node action and the mailbox post never depend on the journal (locked, full disk)
-        log(f"verdict not journaled ({exc}); draining/posting anyway")
-    log(f"verdict {d['verdict']} ({d['rule']})")
+    v = NodeVerdict.from_classified(verdict, job_id=job.job_id, attempt=job.attempt, node=job.node,
+                                    exit_code=job.exit_code, time=time.time())
+    log(f"verdict {v.verdict} ({v.rule})")
     slurm = Slurm.from_config(cfg)
-    if d["action"] == "drain_node" and cfg.failover.drain:
+    if v.action == "drain_node" and cfg.failover.drain:
         # Drain before the epilog ends: the job's resources are freed right after, and the
         # scheduler must not hand the sick GPU to the next job in the meantime.
         from .drain import drain_node, drain_reason
-        log(f"drain: {drain_node(slurm, job.node, drain_reason(job.job_id, d), breaker=cfg.breaker)}")
-    if d["verdict"] == "ok":
-        return
-    mailbox.post(cfg, slurm, job.node, job.job_id, job.attempt, d["verdict"], d["rule"],
-                 [(x["xid"], x.get("bus_id") or "") for x in d["xids"]], job.exit_code)
+        try:
+            log(f"drain: {drain_node(slurm, job.node, drain_reason(job.job_id, v), breaker=cfg.breaker)}")
+        except SlurmFTError as exc:
+            log(f"drain failed ({exc}); the daemon drains the node from the verdict")
+    if v.verdict != "ok":
+        if not mailbox.post_verdict(cfg, slurm, v):
+            log("verdict not posted (Slurm refused); kept in this node's outbox for the next prolog/epilog")
+    else:
+        mailbox.flush_outbox(cfg, slurm, job.node)
+    try:
+        with open_node_journal(cfg, job.node, spool=True, busy_timeout_s=JOURNAL_BUSY_S) as journal:
+            journal.upsert_attempt(job.job_id, job.attempt, nodes=job.node, start=start, end=v.time,
+                                   exit_code=job.exit_code, signal=job.signal)
+            journal.add_node_verdict(v)
+            if journal.spooled:
+                log(f"node journal busy: {journal.spooled} row(s) spooled")
+    except SlurmFTError as exc:
+        # the node action and the mailbox post never depend on the journal (full disk, corrupt)
+        log(f"verdict not journaled ({exc})")
 
 
 if __name__ == "__main__":

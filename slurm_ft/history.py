@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import click
 
 from . import config as config_mod
+from . import daemonlock
 from . import history_format as fmt
 from .errors import JournalError, SlurmFTError
 from .failover import policy
@@ -311,6 +312,13 @@ def _checkpoint(actions: list[dict]) -> dict | None:
 
 
 
+def _bisect_summary(detail: str) -> str:
+    try:
+        return str(json.loads(detail or "{}").get("summary", "?"))
+    except (ValueError, AttributeError):
+        return "?"
+
+
 def _summarise(actions: list[dict]) -> str:
     parts = []
     for x in actions:
@@ -326,6 +334,13 @@ def _summarise(actions: list[dict]) -> str:
             parts.append("checkpoint signal: nothing catches it")
         elif x["action"] == "ckpt-timeout":
             parts.append("checkpoint wait expired")
+        elif x["action"] == "inplace-restart":       # slurm_ft.inplace: reported by the job's wrapper
+            what = x["detail"].split(": ", 1)[-1].split(", reported", 1)[0]
+            parts.append(f"restart {x['detail'].split(' ', 2)[1]} in place ({what})")
+        elif x["action"] == "inplace-escalate":
+            parts.append("in-place budget used up")
+        elif x["action"] == "bisect":                # slurm_ft.bisect: the rounds are in --json
+            parts.append(f"bisect: {_bisect_summary(x['detail'])}")
         elif x["status"] == "failed":
             parts.append(f"{x['action']} failed")
     return ", ".join(parts) or "-"
@@ -482,6 +497,16 @@ def command(job_ids, users, all_users: bool, start: float | None, end: float | N
             error = _not_in_journal(journal, missing, viewer) if missing else None
     except SlurmFTError as exc:
         raise click.ClickException(terminal_safe(str(exc))) from None
+    poll = cfg.failover.poll_interval_s if cfg is not None else config_mod.FailoverConfig().poll_interval_s
+    daemon_state, age = daemonlock.staleness(path, poll, now)
+    if daemon_state == "stale":
+        click.echo(terminal_safe(f"ft-history: warning: the slurm-ft daemon has not run for {age:.0f} s (heartbeat "
+                                 f"{daemonlock.heartbeat_path(path)}): the journal may be behind Slurm"), err=True)
+    if error is not None and daemon_state != "fresh":
+        why = (f"it has not run for {age:.0f} s" if daemon_state == "stale" else "no heartbeat") + \
+            f" ({daemonlock.heartbeat_path(path)})"
+        error = SlurmFTError(f"{error}; the slurm-ft daemon may be down: {why}, and a job it has not seen yet is not "
+                             f"in the journal")
     if as_json:
         # ensure_ascii: control characters (and all non-ASCII) become \uXXXX escapes, valid JSON
         if len(set(ids)) == 1:          # ft-history -j ID --json: the job's object, as always

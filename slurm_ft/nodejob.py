@@ -94,13 +94,14 @@ def _marker_path(state_dir: str, job: NodeJob) -> str:
 
 
 def write_start_marker(state_dir: str, job: NodeJob) -> None:
-    """Record when (monotonic and wall clock, seconds) this attempt started on this node."""
+    """Record when (monotonic and wall clock, seconds) this attempt started on this node, and which
+    attempt it is (the epilog files its verdict under it: slurm_ft.epilog.attempt_that_ran)."""
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     path = _marker_path(state_dir, job)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump({"monotonic": time.monotonic(), "time": time.time(), "gpus": job.gpus}, fh)
+        json.dump({"monotonic": time.monotonic(), "time": time.time(), "gpus": job.gpus, "attempt": job.attempt}, fh)
     os.replace(tmp, path)
 
 

@@ -29,7 +29,27 @@ def run(env: dict[str, str] | None = None) -> int:
         write_start_marker(cfg.node_state.dir, job)
     except OSError as exc:
         log(f"start marker not written: {exc}")
-    return health_gate(cfg, job, log)
+    rc = health_gate(cfg, job, log)
+    if rc == 0:
+        start_hang_watch(cfg, job, env, log)
+    return rc
+
+
+def start_hang_watch(cfg, job: NodeJob, env: dict[str, str] | None, log) -> None:
+    """For a job submitted with ``--ft-hang-timeout`` (its SPANK hint ``SPANK_FT_HANG_TIMEOUT``):
+    make its heartbeat directory and start its hang watcher, detached (slurm_ft.hang.watcher,
+    docs/hang.md). Costs the prolog a directory and a fork; any failure is logged and the job
+    starts unwatched (never refused for it)."""
+    import os
+
+    from .hang.watcher import start, wanted
+    env = dict(os.environ if env is None else env)
+    if not wanted(env):
+        return
+    try:
+        start(cfg, job, env, log)
+    except Exception as exc:  # the watcher is an extra: it must never keep a job from running
+        log(f"hang watcher not started: {exc!r}")
 
 
 def health_gate(cfg, job: NodeJob, log) -> int:

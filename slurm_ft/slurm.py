@@ -88,7 +88,18 @@ class Slurm:
         return [Job.from_json(j) for j in data.get("jobs", [])]
 
     def job(self, job_id: int) -> "Job | None":
-        """One job, or None once slurmctld has forgotten it."""
+        """One job, or None once slurmctld has forgotten it: ``scontrol show job J``, a single-job
+        RPC (``squeue --jobs=J`` asks slurmctld for the whole queue; slurm_ft.jobinfo), or
+        ``squeue --json`` when that text is ambiguous."""
+        from .jobinfo import parse_show_job
+
+        proc = self.run("scontrol", "show", "job", str(job_id), check=False)
+        if proc.returncode != 0 and "Invalid job id" in proc.stderr:
+            return None
+        raw = parse_show_job(proc.stdout, job_id) if proc.returncode == 0 else None
+        return Job.from_json(raw) if raw is not None else self._job_json(job_id)
+
+    def _job_json(self, job_id: int) -> "Job | None":
         proc = self.run("squeue", "--json", "--states=all", f"--jobs={job_id}", check=False)
         if proc.returncode != 0:
             if "Invalid job id" in proc.stderr:
@@ -247,7 +258,7 @@ def parse_config(text: str) -> dict[str, str]:
     """Parse ``scontrol show config``: one ``Key   = Value`` per line (headers skipped)."""
     out: dict[str, str] = {}
     for line in text.splitlines():
-        m = re.match(r"^(\w[\w/.-]*)\s+=\s?(.*)$", line)
+        m = re.match(r"^(\w[\w/.-]*(?:\[\d+\])?)\s+=\s?(.*)$", line)  # SlurmctldHost[0] = ...
         if m:
             out.setdefault(m.group(1), m.group(2).strip())
     return out

@@ -118,8 +118,14 @@ def test_policy_completed_and_infra():
 
 def test_drain_reason_and_hostlists():
     v = {"rule": "xid-79", "xids": [{"xid": 79, "bus_id": "0000:3b:00"}]}
-    assert drain_reason(12, v) == "slurm-ft: Xid 79 on 0000:3b:00 (job 12)"
+    assert drain_reason(12, v) == "slurm-ft: Xid 79 GPU 0000:3b:00 (job 12)"
+    assert drain_reason(12, v)[:20] == "slurm-ft: Xid 79 GPU"           # what `sinfo -R` shows
     assert drain_reason(12, {"rule": "slurm-node-fail", "xids": []}) == "slurm-ft: slurm-node-fail (job 12)"
+    two = {"rule": "xid-79", "xids": [{"xid": 79, "bus_id": None}, {"xid": 48, "bus_id": "0000:3b:00"},
+                                      {"xid": 79, "bus_id": "0000:3b:00"}]}
+    assert drain_reason(5, two) == "slurm-ft: Xid 79,48 GPU 0000:3b:00 (job 5)"
+    assert drain_reason(3, {"rule": "verified:cuda-ecc-uncorrectable", "xids": []}) == \
+        "slurm-ft: cuda-ecc-uncorrectable, verified (job 3)"
     assert _split_nodes("n[1-3],gpu07") == ["gpu07", "n1", "n2", "n3"]  # ClusterShell order
     assert _split_nodes("gpu[08-10]") == ["gpu08", "gpu09", "gpu10"]
     assert _split_nodes("") == []

@@ -73,7 +73,9 @@ def test_failed_over_job_runs_before_waiting_jobs(lab, slurm, ft_history):
     sub = submit_training(lab, steps=400)
     first = wait_started(slurm, sub)
     # every other GPU busy with a long filler, then three waiting jobs that outrank the ft job
-    fillers = [submit_training(lab, steps=4000, comment="filler") for _ in range(5)]
+    from slurm_ft.lab.layout import GPUS_PER_NODE
+    fillers = [submit_training(lab, steps=4000, comment="filler")
+               for _ in range(len(lab.nodes()) * GPUS_PER_NODE - 1)]
     for f in fillers:
         wait_started(slurm, f)
     waiting = [submit_training(lab, steps=10, comment="waiting") for _ in range(3)]
@@ -119,16 +121,19 @@ class Crash(BaseException):
 
 
 class CrashingSlurm(Slurm):
-    """Dies at the N-th state-changing Slurm call, before or after it took effect."""
+    """Dies at the N-th state-changing Slurm call about ``job`` or ``node``, before or after it
+    took effect (calls about jobs of earlier tests, still ending, do not count)."""
 
     MUTATING = ("update", "requeue", "requeuehold", "release", "hold")
 
-    def __init__(self, conf, crash_at, after):
+    def __init__(self, conf, crash_at, after, job=None, node=None):
         super().__init__(conf=conf)
         self.crash_at, self.after, self.calls = crash_at, after, 0
+        self.about = {str(job), f"JobId={job}", f"NodeName={node}"} if job else None
 
     def run(self, cmd, *args, **kw):
-        mutating = cmd == "scontrol" and args and args[0] in self.MUTATING
+        mutating = cmd == "scontrol" and args and args[0] in self.MUTATING and (
+            self.about is None or bool(self.about & set(args)))
         if mutating:
             self.calls += 1
             if self.calls == self.crash_at and not self.after:
@@ -153,7 +158,7 @@ def test_daemon_killed_at_each_step_resumes_once(lab, slurm, no_lab_daemon, cras
     sub = submit_training(lab, steps=400)
     node = _fault(slurm, sub, 79, 0)
     wait_for(lambda: slurm.job(sub.job_id).ended, 30, "job to end")
-    crashing = Daemon(cfg, CrashingSlurm(str(lab.lay.slurm_conf), crash_at, after))
+    crashing = Daemon(cfg, CrashingSlurm(str(lab.lay.slurm_conf), crash_at, after, sub.job_id, node))
     with pytest.raises(Crash):
         for _ in range(40):
             crashing.cycle()

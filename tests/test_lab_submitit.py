@@ -33,12 +33,21 @@ from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import job_gpu_index, wait_for
 from slurm_ft.lab.inject import inject_xid
 from slurm_ft.lab.layout import repo_root
-from slurm_ft.slurm import split_nodes
 
 submitit = pytest.importorskip("submitit")
 cloudpickle = pytest.importorskip("cloudpickle")
 
 pytestmark = pytest.mark.lab
+
+
+#: as docs/user-guide.md "submitit" submits (the default --ft-ckpt-wait: the drain's wait ends when
+#: submitit requeues itself; at a 1-minute limit slurm-ft signals 30 s in, half the limit)
+FT_PARAMS = {"slurm_gres": "gpu:1", "slurm_additional_parameters": {"ft": True, "ft-ckpt-signal": "USR2"}}
+#: Nodes the jobs must not use (e.g. ``n[1-5]``): every lab on one host shares the kernel log, and
+#: node nK has the same GPU bus ids in each, so an Xid another lab injects on its nK hits a job on
+#: ours. On a shared host, run a private lab with more nodes than the others (tests/conftest.py)
+#: and set this to the node names they use.
+AVOID_NODES = os.environ.get("SLURM_FT_TEST_AVOID_NODES", "")
 
 
 class Trainer(submitit.helpers.Checkpointable):
@@ -97,8 +106,8 @@ def guide_ft_result():
 def run(lab, monkeypatch):
     """``run(steps, step_time, max_num_timeout=3, **params)``: submit a Trainer with submitit's
     AutoExecutor and ``params`` (its ``update_parameters``) plus the slurm-ft options to the lab;
-    returns (job, progress file). submitit runs sbatch, sacct and
-    scontrol as found on PATH, and they read $SLURM_CONF: the lab's."""
+    returns (job, progress file). submitit runs sbatch, sacct and scontrol as found on PATH, and
+    they read $SLURM_CONF: the lab's."""
     monkeypatch.setenv("SLURM_CONF", str(lab.lay.slurm_conf))
     folder = lab.lay.jobs_dir / f"submitit-{time.time_ns()}"
 
@@ -129,15 +138,6 @@ def result_within(job, timeout_s: float):
     if "error" in box:
         raise box["error"]
     return box["result"]
-
-
-#: as docs/user-guide.md "submitit" submits (the default --ft-ckpt-wait: the drain's wait ends when
-#: submitit requeues itself; at a 1-minute limit slurm-ft signals 30 s in, half the limit)
-FT_PARAMS = {"slurm_gres": "gpu:1", "slurm_additional_parameters": {"ft": True, "ft-ckpt-signal": "USR2"}}
-#: Nodes the jobs must not use (e.g. ``n[1-3]``): on a host where other labs run, every lab's n1 has the
-#: same GPU bus ids and one kernel log, so another lab's injected Xid would hit these jobs there.
-#: Run a private lab with more nodes (tests/conftest.py) and set this to the other labs' nodes.
-AVOID_NODES = os.environ.get("SLURM_FT_TEST_AVOID_NODES", "")
 
 
 def journal(lab):

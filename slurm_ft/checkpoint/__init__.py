@@ -2,6 +2,6 @@
 through Slurm (channel.py), and the controller side that signals a job and waits (evacuate.py)."""
 
 from .channel import Ack, Reporter
-from .helper import ExitCheckpoint, exit_checkpoint
+from .helper import ExitCheckpoint, exit_checkpoint, heartbeat
 
-__all__ = ["Ack", "ExitCheckpoint", "Reporter", "exit_checkpoint"]
+__all__ = ["Ack", "ExitCheckpoint", "Reporter", "exit_checkpoint", "heartbeat"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ..drain import LEADER, drain_node
 from ..errors import ConfigError
 from ..failover import jobspec, policy, steps
-from ..slurm import Job, Slurm, split_nodes
+from ..slurm import Job, Slurm, compress_nodes, split_nodes
 from . import channel
 from .deliver import Delivery, signal_job
 
@@ -137,7 +137,7 @@ def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: l
         return False
     journal.upsert_attempt(job.job_id, attempt, nodes=job.nodes or None, start=job.start_time, end=time.time(),
                            state="REQUEUED")
-    journal.record(job.job_id, attempt, "decide", ",".join(exclude), f"evacuate: checkpoint-before-exit ({why})")
+    journal.record(job.job_id, attempt, "decide", compress_nodes(exclude), f"evacuate: checkpoint-before-exit ({why})")
     journal.set_ft_state(job.job_id, policy.EVACUATED)
     refused = steps.requeue_in_place(slurm, journal, job.job_id, attempt)
     if refused:
@@ -146,7 +146,7 @@ def requeue(slurm: Slurm, journal, job: Job, opts: jobspec.FtOptions, exclude: l
     outcome = steps.exclude_and_boost(slurm, journal, job.job_id, attempt, list(exclude), nodes=slurm.nodes(),
                                       top=steps.top_priority(slurm.jobs(), journal.boosted_jobs()),
                                       priority_boost=priority_boost, unsatisfiable=unsatisfiable)
-    journal.record(job.job_id, attempt, "evacuation", ",".join(exclude), f"checkpoint-before-exit: {why}")
+    journal.record(job.job_id, attempt, "evacuation", compress_nodes(exclude), f"checkpoint-before-exit: {why}")
     if outcome == "held":
         return True
     left = slurm.wait_job(job.job_id, lambda j: not j.completing, settle_s, 0.1)

@@ -11,8 +11,12 @@
         for step in range(start, steps):
             train_one_step()
             if save.poll(step):           # a notification arrived: saved (or failed) and reported
-                break                     # exit; slurm-ft requeues the job (or lets it end)
+                save.wait()               # wait (or exit): slurm-ft requeues the job as soon as
+                                          # the save is reported
 
+Save, report, and wait (or exit), as docs/user-guide.md says: slurm-ft requeues the job as soon
+as ``saved`` is reported (an evacuation also after ``--ft-ckpt-wait`` without a report), so
+nothing after ``poll`` needs to run; waiting keeps the job from training past its checkpoint.
 The signal handler only sets a flag: saving happens at ``poll`` (between steps, where the state is
 consistent). ``saving``/``saved``/``failed`` go to Slurm by channel.py from one rank per job
 (``report=`` overrides; default: global rank 0, ``RANK`` or ``SLURM_PROCID``). With torch.distributed,
@@ -31,6 +35,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from ..failover.jobspec import DEFAULT_CKPT_SIGNAL, parse_signal
+from ..hang.heartbeat import heartbeat
 from . import channel
 
 IDLE, NOTIFIED, SAVING, SAVED, FAILED = "idle", "notified", "saving", "saved", "failed"
@@ -105,7 +110,10 @@ class ExitCheckpoint:
 
     # -- saving -----------------------------------------------------------------------
     def poll(self, step: int) -> bool:
-        """If a notification is pending: save at ``step``, report, return True; else False."""
+        """If a notification is pending: save at ``step``, report, return True; else False.
+        Also the training step's heartbeat for the hang watcher (``--ft-hang-timeout``; one store
+        into memory, see slurm_ft.hang.heartbeat)."""
+        heartbeat(step)
         if not self._event.is_set():
             return False
         self.save_now(step)
@@ -117,16 +125,19 @@ class ExitCheckpoint:
         with self._lock:
             self.state, self.step, self.path, self.error = SAVING, step, None, None
         channel.report_quietly(self.reporter, "saving", step)
+        heartbeat(step, saving=True)       # a long save pauses the hang window
         try:
             path = self._save(step)
             if self.barrier is not None:
                 self.barrier()
         except Exception as exc:  # the user's code: report and re-raise
+            heartbeat(step)
             with self._lock:
                 self.state, self.error = FAILED, f"{type(exc).__name__}: {exc}"
             channel.report_quietly(self.reporter, "failed", step)
             print(f"slurm-ft checkpoint: save at step {step} failed: {self.error}", file=sys.stderr, flush=True)
             raise
+        heartbeat(step)
         with self._lock:
             self.state, self.path = SAVED, None if path is None else str(path)
         channel.report_quietly(self.reporter, "saved", step, self.path)

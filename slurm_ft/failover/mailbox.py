@@ -1,16 +1,18 @@
 """Verdict transport from compute nodes to the daemon, through Slurm itself.
 
 A node epilog cannot annotate the job (slurmctld answers ``Job has already finished``), but it can
-set a field of its own *node* record (``Extra`` by default), which the daemon reads with one
-``sinfo --json`` per cycle. The field holds a bounded list of records, newest last:
+set a field of its own *node* record (``Extra`` by default), which the daemon reads with
+``sinfo --json`` (after a job end, and every ``[failover] node_poll_s``). The field holds a
+bounded list of records (:class:`slurm_ft.failover.verdict.NodeVerdict`), newest last:
 
     slurm-ft/1;<rec>;<rec>;...      rec = job.attempt,verdict,rule,xids,exit,time
     xids = 79@0000:10:00+48@0000:11:00   (percent-encoded fields)
 
 Each node's field is written only by that node's epilogs, serialised by a local ``flock``, so the
 read-modify-write never loses a record; the daemon never writes it (it remembers what it has
-consumed in its own journal), so there is no writer race across hosts. No shared filesystem, no new
-network service: see docs/architecture.md.
+consumed in its own journal), so there is no writer race across hosts. A post Slurm refuses
+waits in the node's outbox for the next prolog/epilog there (:func:`post_verdict`). No shared
+filesystem, no new network service: see docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -19,56 +21,23 @@ import fcntl
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from urllib.parse import quote, unquote
+
+from ..errors import SlurmFTError
+from .verdict import NodeVerdict
 
 HEADER = "slurm-ft/1"
 
 
-@dataclass(frozen=True)
-class Record:
-    job_id: int
-    attempt: int
-    verdict: str
-    rule: str
-    xids: tuple[tuple[int, str], ...]   # (xid, bus id)
-    exit_code: int | None
-    time: float                          # epoch seconds
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}.{self.attempt}"
-
-    def encode(self) -> str:
-        xids = "+".join(f"{x}@{quote(b or '', safe=':')}" for x, b in self.xids)
-        ec = "" if self.exit_code is None else str(self.exit_code)
-        return ",".join([self.key, quote(self.verdict, safe=""), quote(self.rule, safe="-_."), xids, ec,
-                         f"{self.time:.1f}"])
-
-    @classmethod
-    def decode(cls, text: str) -> "Record | None":
-        """Parse one record; None if it is malformed (a node field is not trusted input)."""
-        parts = text.split(",")
-        if len(parts) != 6:
-            return None
-        key, verdict, rule, xids, ec, t = parts
-        try:
-            job, attempt = (int(v) for v in key.split("."))
-            pairs = []
-            for item in filter(None, xids.split("+")):
-                x, _, b = item.partition("@")
-                pairs.append((int(x), unquote(b)))
-            return cls(job, attempt, unquote(verdict), unquote(rule), tuple(pairs),
-                       int(ec) if ec else None, float(t))
-        except ValueError:
-            return None
+#: A mailbox record is the typed verdict (slurm_ft.failover.verdict), without its node: the node
+#: is the field's owner.
+Record = NodeVerdict
 
 
-def parse(field: str) -> list[Record]:
-    """All well-formed records in a node field; [] if the field is not ours."""
+def parse(field: str, node: str = "") -> list[NodeVerdict]:
+    """All well-formed records in ``node``'s field; [] if the field is not ours."""
     if not field.startswith(HEADER + ";"):
         return []
-    return [r for r in (Record.decode(p) for p in field.split(";")[1:] if p) if r is not None]
+    return [r for r in (NodeVerdict.decode(p, node) for p in field.split(";")[1:] if p) if r is not None]
 
 
 def render(records: list[Record], keep: int) -> str:
@@ -92,17 +61,95 @@ def publish(slurm, node: str, record: Record, *, field: str = "Extra", keep: int
     Raises :class:`SlurmCommandError` if Slurm refuses.
     """
     with _node_lock(lock_dir, node):
-        current = slurm.show_node(node).get(field, "")
-        records = [*parse(current), record]
-        slurm.update_node(node, **{field: render(records, keep)})
+        _publish_locked(slurm, node, [record], field, keep)
+
+
+#: Tries of one post before the record goes to the node's outbox, and the pause between them.
+POST_TRIES, POST_PAUSE_S = 3, 0.5
 
 
 def post(cfg, slurm, node: str, job_id: int, attempt: int, verdict: str, rule: str, xids=(),
          exit_code: int | None = None) -> None:
     """Publish a verdict for ``node`` with the config's mailbox settings (prolog and epilog)."""
-    publish(slurm, node, new_record(job_id, attempt, verdict, rule, xids, exit_code),
-            field=cfg.failover.mailbox_field, keep=cfg.failover.mailbox_keep, lock_dir=cfg.node_state.dir)
+    post_verdict(cfg, slurm, new_record(job_id, attempt, verdict, rule, xids, exit_code).on(node))
 
 
-def new_record(job_id: int, attempt: int, verdict: str, rule: str, xids, exit_code: int | None) -> Record:
-    return Record(job_id, attempt, verdict, rule, tuple(xids), exit_code, time.time())
+def post_verdict(cfg, slurm, v: NodeVerdict, *, sleep=time.sleep) -> bool:
+    """Publish ``v`` (for ``v.node``), after whatever this node's outbox still holds. A post Slurm
+    refuses (slurmctld restarting, a timeout) is retried :data:`POST_TRIES` times, then kept in
+    the node's **outbox** (``[node_state] dir``/``outbox-<node>.json``, root-only) and sent by the
+    next prolog or epilog on this node: a verdict is never dropped. Returns True when everything
+    is posted."""
+    kw = dict(field=cfg.failover.mailbox_field, keep=cfg.failover.mailbox_keep, lock_dir=cfg.node_state.dir)
+    with _node_lock(cfg.node_state.dir, v.node):
+        waiting = [*_outbox_read(cfg.node_state.dir, v.node), v]
+        for attempt in range(POST_TRIES):
+            try:
+                _publish_locked(slurm, v.node, waiting, kw["field"], kw["keep"])
+                _outbox_write(cfg.node_state.dir, v.node, [])
+                return True
+            except SlurmFTError:
+                if attempt + 1 < POST_TRIES:
+                    sleep(POST_PAUSE_S)
+        _outbox_write(cfg.node_state.dir, v.node, waiting)
+        return False
+
+
+def flush_outbox(cfg, slurm, node: str) -> bool:
+    """Post what this node's outbox holds (prolog and epilog call it first); True when empty."""
+    with _node_lock(cfg.node_state.dir, node):
+        waiting = _outbox_read(cfg.node_state.dir, node)
+        if not waiting:
+            return True
+        try:
+            _publish_locked(slurm, node, waiting, cfg.failover.mailbox_field, cfg.failover.mailbox_keep)
+        except SlurmFTError:
+            return False
+        _outbox_write(cfg.node_state.dir, node, [])
+        return True
+
+
+def _publish_locked(slurm, node: str, records: list[NodeVerdict], field: str, keep: int) -> None:
+    current = parse(slurm.show_node(node).get(field, ""))
+    have = {r.encode() for r in current}
+    merged = [*current, *(r for r in records if r.encode() not in have)]
+    slurm.update_node(node, **{field: render(merged, keep)})
+
+
+def _outbox_path(lock_dir: str, node: str) -> str:
+    return os.path.join(lock_dir, f"outbox-{node}.json")
+
+
+def _outbox_read(lock_dir: str, node: str) -> list[NodeVerdict]:
+    try:
+        fd = os.open(_outbox_path(lock_dir, node), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    with os.fdopen(fd) as fh:
+        out = []
+        for line in fh:
+            v = NodeVerdict.decode(line.strip(), node)
+            if v is not None:
+                out.append(v)
+        return out
+
+
+def _outbox_write(lock_dir: str, node: str, records: list[NodeVerdict]) -> None:
+    path = _outbox_path(lock_dir, node)
+    if not records:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(r.encode() + "\n" for r in records))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def new_record(job_id: int, attempt: int, verdict: str, rule: str, xids, exit_code: int | None) -> NodeVerdict:
+    return NodeVerdict(job_id, attempt, verdict, rule, tuple(xids), exit_code, time.time())

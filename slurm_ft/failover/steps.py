@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..errors import SlurmCommandError
-from ..slurm import Job, split_nodes
+from ..slurm import Job, compress_nodes, split_nodes
 from . import policy
 from .options import admin_comment
 
@@ -132,7 +132,7 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
             slurm.run("scontrol", "release", str(job_id), check=False)
         fields = {"AdminComment": admin_comment(journal, job_id, policy.FAILOVER)}
         if excluded:
-            fields["ExcNodeList"] = ",".join(excluded)
+            fields["ExcNodeList"] = compress_nodes(excluded)
         target = boosted_priority(top, priority_boost, ceiling, fresh.priority or 0)
         if target:
             fields["Priority"] = str(target)
@@ -142,7 +142,7 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
         journal.finish(step)
     except SlurmCommandError as exc:
         journal.finish(step, "failed", str(exc))
-    journal.upsert_job(job_id, excluded_nodes=",".join(excluded))
+    journal.upsert_job(job_id, excluded_nodes=compress_nodes(excluded))
     return outcome
 
 

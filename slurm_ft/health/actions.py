@@ -5,6 +5,8 @@ back into service once every check passes. Used by the prolog and by ``slurm-ft 
 
 from __future__ import annotations
 
+import re
+
 from ..drain import LEADER, drain_node
 from ..errors import SlurmFTError
 
@@ -23,7 +25,8 @@ def journal_results(cfg, node: str, results, job_id: int | None, log) -> None:
     """Every result, pass or not, goes to the node's journal (trends for the drain report)."""
     from ..journal import open_node_journal
     try:
-        with open_node_journal(cfg, node) as journal:
+        # spooled, never waited for, when another process holds the journal (issue 14)
+        with open_node_journal(cfg, node, spool=True, busy_timeout_s=1.0) as journal:
             journal.add_health(node, [r.to_dict() for r in results], job_id=job_id)
     except SlurmFTError as exc:
         log(f"health results not journaled: {exc}")
@@ -32,17 +35,32 @@ def journal_results(cfg, node: str, results, job_id: int | None, log) -> None:
 def act_on_node(cfg, node: str, results, slurm, log) -> str:
     """Drain on a fail; resume a slurm-ft-drained node on a full pass if auto_resume is on.
     Returns what was done: "drained", "kept-admin-reason", "already-drained", "breaker-open: ..."
-    (the circuit breaker stopped the drain, see slurm_ft.breaker), "resumed" or "none"."""
+    (the circuit breaker stopped the drain, see slurm_ft.breaker), "resumed", "still-drained"
+    (every check passes, the node stays drained: slurm-ft's drain without auto_resume, or an
+    admin's; ``log`` says which and how to resume it) or "none"."""
     reason = drain_reason(results)
     if reason:
         outcome = drain_node(slurm, node, reason, breaker=cfg.breaker)
         log(f"{node}: {reason}: {outcome}")
         return outcome
-    if not cfg.failover.auto_resume:
+    try:
+        info = slurm.show_node(node)
+    except SlurmFTError as exc:
+        log(f"{node}: all checks pass; node state unknown ({exc})")
         return "none"
-    info = slurm.show_node(node)
-    if "DRAIN" in info.get("State", "") and info.get("Reason", "").startswith(LEADER):
+    state = info.get("State", "")
+    why = re.sub(r"\s*\[[^\]@]*@[^\]]*\]$", "", info.get("Reason", ""))   # scontrol's " [root@2026-...]"
+    if "DRAIN" not in state:
+        return "none"
+    if why.startswith(LEADER) and cfg.failover.auto_resume:
         slurm.resume(node)
-        log(f"{node}: all checks pass: resumed (was: {info.get('Reason')})")
+        log(f"{node}: all checks pass: resumed (was: {why})")
         return "resumed"
-    return "none"
+    resume = f"scontrol update NodeName={node} State=RESUME"
+    if why.startswith(LEADER):
+        log(f"{node}: all checks pass, but the node is still drained ({why}); slurm-ft does not resume it "
+            f"([failover] auto_resume = false): an admin decides: {resume}")
+    else:
+        log(f"{node}: all checks pass; the node is drained by someone else ({why or 'no reason'}): left drained "
+            f"({resume} when done)")
+    return "still-drained"

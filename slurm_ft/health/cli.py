@@ -30,8 +30,8 @@ def default_node() -> str:
 
 
 def render_table(node: str, results: list[CheckResult]) -> str:
-    """Fixed-width table, one row per result, then a one-line verdict. Crashes show the last
-    traceback line (the JSON has the whole traceback)."""
+    """Fixed-width table, one row per result, the detail of each warn/fail (a crash: its last
+    traceback line; the JSON has the whole traceback), then a one-line verdict."""
     rows = [("STATUS", "CHECK", "GPU", "MEASUREMENT")]
     for r in results:
         rows.append((r.status.upper(), r.check, "-" if r.gpu is None else str(r.gpu), r.measurement))
@@ -40,9 +40,12 @@ def render_table(node: str, results: list[CheckResult]) -> str:
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3])
     for r in results:
-        if r.detail and "Traceback" in r.detail:
-            last = r.detail.strip().splitlines()[-1]
-            lines.append(f"  {r.check} GPU{'-' if r.gpu is None else r.gpu}: {last}")
+        if not r.detail or r.status == "pass":
+            continue
+        where = r.check if r.gpu is None else f"{r.check} GPU{r.gpu}"
+        # a crash shows its last traceback line (the JSON has the whole traceback); a hint shows whole
+        text = r.detail.strip().splitlines()[-1] if "Traceback" in r.detail else " ".join(r.detail.split())
+        lines.append(f"  {where}: {text}")
     counts = {s: sum(r.status == s for r in results) for s in ("pass", "warn", "fail")}
     state = "unhealthy" if counts["fail"] else "healthy"
     lines.append(f"{node}: {state} ({counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail)")

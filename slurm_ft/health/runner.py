@@ -55,8 +55,9 @@ def collect(backend: str, inventory: str | None, cfg: HealthConfig, node: str, n
         nv = nvml.load(backend, inventory)
         nv.nvmlInit()
     except pynvml.NVMLError as exc:
+        # an answer from NVML (no driver, driver not loaded, no permission), not a crash: no traceback
         emit(CheckResult("nvml_responsive", "fail", None, f"NVML init failed: {nvml_error_text(exc)}",
-                         detail=traceback.format_exc()))
+                         detail=init_hint(exc)))
         return
     except Exception as exc:
         emit(CheckResult("nvml_responsive", "fail", None, f"NVML init failed: {exc}",
@@ -93,6 +94,20 @@ def collect(backend: str, inventory: str | None, cfg: HealthConfig, node: str, n
             nv.nvmlShutdown()
         except Exception:
             pass
+
+
+def init_hint(exc: BaseException) -> str:
+    """What an admin does about an NVML init error (the ``detail`` of the ``nvml_responsive`` fail)."""
+    import pynvml
+
+    if isinstance(exc, pynvml.NVMLError_LibraryNotFound):
+        return ("libnvidia-ml.so.1 cannot be loaded: no NVIDIA driver on this host (install it; on a host "
+                "without GPUs, slurm-ft health has nothing to check)")
+    if isinstance(exc, pynvml.NVMLError_DriverNotLoaded):
+        return "the NVIDIA kernel module is not loaded (modprobe nvidia; dmesg | grep -i nvrm)"
+    if isinstance(exc, pynvml.NVMLError_NoPermission):
+        return "no permission to open the NVIDIA devices: run as root"
+    return "nvidia-smi shows the same error; see the driver's kernel log (dmesg | grep -i nvrm)"
 
 
 def _timed_out(timeout_s: float, where: tuple[str, int | None]) -> CheckResult:

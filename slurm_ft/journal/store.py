@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
-def open_journal(path: str | os.PathLike, *, readonly: bool = False, read_group: str = "") -> "Journal":
+def open_journal(path: str | os.PathLike, *, readonly: bool = False, read_group: str = "",
+                 spool: bool = False, busy_timeout_s: float = 10.0) -> "Journal":
     """Open (creating and migrating if needed) the journal at ``path``; with ``readonly`` (readers
     such as ft-history and the report) open an existing journal without writing anything.
 
@@ -36,18 +37,27 @@ def open_journal(path: str | os.PathLike, *, readonly: bool = False, read_group:
     Raises :class:`JournalError` if the file is missing or unreadable (readonly), a symlink, not a
     SQLite database, not a slurm-ft journal, corrupted, or written by a newer slurm-ft (unknown
     migrations); :class:`ConfigError` if ``read_group`` names no group of this host.
+
+    ``spool`` (writers that must never wait on another process's lock: the daemon, the
+    prolog/epilog): a write the database refuses as locked or busy within ``busy_timeout_s`` goes
+    to the **spool** instead, ``<journal>.spool`` (JSON lines, fsync'd, same permissions), and is
+    applied, in order, by the next write, :meth:`Journal.flush` or writer that opens the journal.
+    Until then this connection's reads include its spooled rows.
     """
-    return Journal(path, readonly=readonly, read_group=read_group)
+    return Journal(path, readonly=readonly, read_group=read_group, spool=spool, busy_timeout_s=busy_timeout_s)
 
 
-def open_daemon_journal(cfg, *, readonly: bool = False) -> "Journal":
+def open_daemon_journal(cfg, *, readonly: bool = False, spool: bool = False,
+                        busy_timeout_s: float = 10.0) -> "Journal":
     """The daemon's journal (``[journal] path``), readable by ``[journal] read_group`` if set."""
-    return open_journal(cfg.journal.path, readonly=readonly, read_group=cfg.journal.read_group)
+    return open_journal(cfg.journal.path, readonly=readonly, read_group=cfg.journal.read_group, spool=spool,
+                        busy_timeout_s=busy_timeout_s)
 
 
-def open_node_journal(cfg, node: str, *, readonly: bool = False) -> "Journal":
+def open_node_journal(cfg, node: str, *, readonly: bool = False, spool: bool = False,
+                      busy_timeout_s: float = 10.0) -> "Journal":
     """A compute node's own journal (``[journal] node_path``): root-only, always."""
-    return open_journal(cfg.node_journal_path(node), readonly=readonly)
+    return open_journal(cfg.node_journal_path(node), readonly=readonly, spool=spool, busy_timeout_s=busy_timeout_s)
 
 
 def resolve_group(name: str) -> int | None:
@@ -123,13 +133,44 @@ def _make_dirs(directory: Path, mode: int, gid: int | None) -> None:
                         directory, grp.getgrgid(gid).gr_name, grp.getgrgid(gid).gr_name)
 
 
+#: Columns of the tables written through :meth:`Journal._write` (schema: migrations.py).
+COLUMNS = {
+    "jobs": ("job_id", "name", "user", "ft_enabled", "retries", "ft_state", "excluded_nodes", "created", "updated",
+             "ft_options"),
+    "attempts": ("job_id", "attempt", "nodes", "start", "end", "exit_code", "signal", "state", "updated"),
+    "verdicts": ("job_id", "attempt", "node", "verdict", "rule", "xids", "evidence", "action", "exit_code", "source",
+                 "created"),
+    "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished"),
+    "health": ("node", "job_id", "check_name", "status", "gpu", "measurement", "value", "detail", "created"),
+    "mailbox_seen": ("node", "key", "seen"),
+}
+PKS = {"jobs": ("job_id",), "attempts": ("job_id", "attempt")}
+
+
+def _locked(exc: sqlite3.Error) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and any(
+        w in str(exc).lower() for w in ("locked", "busy"))
+
+
 class Journal:
-    def __init__(self, path: str | os.PathLike, *, readonly: bool = False, read_group: str = ""):
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False, read_group: str = "",
+                 spool: bool = False, busy_timeout_s: float = 10.0):
         self.path = Path(path)
+        self.clock = time.time
+        self.busy_timeout_s = busy_timeout_s
+        self._spool = None if readonly else Path(f"{self.path}.spool")
+        self._spooling = spool and not readonly
+        self._pending: list[dict] = []     # this connection's writes not yet in the database, in order
+        self._ids: dict[int, int] = {}     # temporary action id (negative) -> its row id once applied
+        self._tmp_uid: dict[int, str] = {}
+        self._next_tmp = -1
+        self._mode, self._gid = 0o600, None
         if readonly:
             conn = self._connect_readonly()
         else:
-            conn = self._connect_writer(resolve_group(read_group))
+            self._gid = resolve_group(read_group)
+            self._mode = 0o600 if self._gid is None else 0o640
+            conn = self._connect_writer(self._gid)
         try:
             self.db = sqlite_utils.Database(conn)
             if readonly and "_migrations" not in self.db.table_names():
@@ -144,6 +185,17 @@ class Journal:
         if newer:
             conn.close()
             raise JournalError(f"{self.path}: written by a newer slurm-ft (migrations {sorted(newer)})")
+        if self._spooling:
+            self._load_spool()      # read-your-writes across a restart while the journal was locked
+        if self._spool is not None and (self._spooling or self._spool.exists()):
+            # any writer applies what a locked moment left spooled, waiting at most a moment
+            conn.execute(f"PRAGMA busy_timeout = {int(min(self.busy_timeout_s, 0.2) * 1000)}")
+            try:
+                self.flush()
+            except JournalError as exc:
+                log.warning("%s", exc)
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
 
     def _db_error(self, exc: Exception) -> JournalError:
         return JournalError(f"{self.path}: cannot open journal ({exc}); if it is corrupted, move it "
@@ -161,8 +213,8 @@ class Journal:
             _secure_path(self.path, mode, gid, create=True)
             for side in SIDE_FILES:  # a stale side file through a symlink would be written by root
                 _secure_path(Path(f"{self.path}{side}"), mode, gid, create=False)
-            conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout = 10000")
+            conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             db = sqlite_utils.Database(conn)
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 db.enable_wal()
@@ -229,52 +281,252 @@ class Journal:
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{self.path}: {exc}") from None
 
+    # -- writes: one path, with the spool ---------------------------------------------------
+    @property
+    def spooled(self) -> int:
+        """Writes of this connection waiting in the spool (0: everything is in the database)."""
+        return len(self._pending)
+
+    def _write(self, op: dict) -> None:
+        """Apply one write (``op``: insert / insert_ignore / upsert / update / close_before), or,
+        with a spool, put it there when the database is locked. Order is kept: while anything
+        waits in the spool, new writes wait behind it (one lock wait, not one per write), until
+        :meth:`flush` (the daemon calls it each cycle; any writer opening the journal does)."""
+        import uuid
+
+        op["uid"] = uuid.uuid4().hex
+        if not self._spooling:
+            try:
+                self._apply_ops([op])
+            except sqlite3.DatabaseError as exc:
+                raise JournalError(f"{self.path}: {exc}") from None
+            return
+        if not self._pending:   # else it waits behind them: flush() applies them all, in order
+            try:
+                self._apply_ops([op])
+                return
+            except sqlite3.DatabaseError as exc:
+                if not _locked(exc):
+                    raise JournalError(f"{self.path}: {exc}") from None
+        self._pending.append(op)
+        self._spool_append(op)
+
+    def flush(self) -> bool:
+        """Apply what waits in the spool (this connection's and any other process's); True when
+        nothing waits any more. Never blocks longer than the busy timeout."""
+        if self._spool is None:
+            return True
+        if not self._spool.exists():
+            self._pending = []          # nothing spooled, or another writer applied it already
+            return True
+        try:
+            with self._spool_lock():
+                ops = self._read_spool()
+                if not ops:
+                    self._pending = []
+                    return True
+                mine = {op["uid"] for op in self._pending}
+                self._apply_ops(ops)
+                os.unlink(self._spool)
+            self._pending = [op for op in self._pending if op["uid"] not in mine]
+            return True
+        except sqlite3.DatabaseError as exc:
+            if not _locked(exc):
+                raise JournalError(f"{self.path}: {exc}") from None
+            return False
+        except OSError as exc:
+            raise JournalError(f"{self.path}.spool: {exc.strerror}") from None
+
+    def _apply_ops(self, ops: list[dict]) -> None:
+        """All ``ops`` in one transaction (BEGIN IMMEDIATE: waits at most the busy timeout)."""
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        ids: dict[str, int] = {}
+        try:
+            for op in ops:
+                rowid = self._apply_op(conn, op, ids)
+                if rowid is not None:
+                    ids[op["uid"]] = rowid
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        for tmp, uid in list(self._tmp_uid.items()):
+            if uid in ids:
+                self._ids[tmp] = ids[uid]
+                del self._tmp_uid[tmp]
+        self._last_ids = ids
+
+    def _apply_op(self, conn: sqlite3.Connection, op: dict, ids: dict[str, int]) -> int | None:
+        table, kind = op["table"], op["op"]
+        cols = COLUMNS[table]
+        if kind in ("insert", "insert_ignore"):
+            row = {k: v for k, v in op["row"].items() if k in cols}
+            verb = "INSERT OR IGNORE" if kind == "insert_ignore" else "INSERT"
+            cur = conn.execute(f"{verb} INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                               list(row.values()))
+            return cur.lastrowid if kind == "insert" else None
+        if kind == "upsert":
+            row = {k: v for k, v in op["row"].items() if k in cols}
+            first = {k: v for k, v in op.get("first", {}).items() if k in cols}
+            pk = PKS[table]
+            allcols = {**first, **row}
+            sets = ", ".join(f"{k} = excluded.{k}" for k in row if k not in pk) or f"{pk[0]} = {pk[0]}"
+            conn.execute(f"INSERT INTO {table} ({', '.join(allcols)}) VALUES ({', '.join('?' * len(allcols))}) "
+                         f"ON CONFLICT({', '.join(pk)}) DO UPDATE SET {sets}", list(allcols.values()))
+            return None
+        if kind == "update":
+            rowid = op.get("id")
+            if op.get("ref"):
+                rowid = ids.get(op["ref"])
+                if rowid is None:
+                    log.warning("%s: spooled update of an unknown row (%s) dropped", self.path, op["ref"])
+                    return None
+            fields = {k: v for k, v in op["fields"].items() if k in cols}
+            conn.execute(f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
+                         [*fields.values(), rowid])
+            return None
+        if kind == "close_before":
+            conn.execute("UPDATE attempts SET end = ?, state = 'REQUEUED', updated = ? "
+                         "WHERE job_id = ? AND attempt < ? AND end IS NULL",
+                         [op["t"], op["t"], op["job_id"], op["attempt"]])
+            return None
+        raise ValueError(f"unknown journal write {kind!r}")
+
+    # -- the spool file ----------------------------------------------------------------------
+    def _spool_lock(self):
+        import fcntl
+        from contextlib import contextmanager
+
+        @contextmanager
+        def held():
+            fd = os.open(f"{self._spool}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self._mode)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+        return held()
+
+    def _load_spool(self) -> None:
+        """Take what waits in the spool as this connection's own pending writes (their temporary
+        action ids too), so its reads see them before they reach the database."""
+        try:
+            with self._spool_lock():
+                self._pending = self._read_spool()
+        except OSError:
+            return
+        for op in self._pending:
+            if "tmp" in op:
+                self._tmp_uid[op["tmp"]] = op["uid"]
+                self._next_tmp = min(self._next_tmp, op["tmp"] - 1)
+
+    def _read_spool(self) -> list[dict]:
+        try:
+            fd = os.open(self._spool, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return []
+        with os.fdopen(fd) as fh:
+            ops = []
+            for line in fh:
+                try:
+                    op = json.loads(line)
+                    if isinstance(op, dict) and op.get("table") in COLUMNS and "uid" in op:
+                        ops.append(op)
+                except ValueError:
+                    log.warning("%s: unreadable line skipped", self._spool)
+        return ops
+
+    def _spool_append(self, op: dict) -> None:
+        try:
+            with self._spool_lock():
+                fd = os.open(self._spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             self._mode)
+                try:
+                    os.write(fd, (json.dumps(op) + "\n").encode())
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            _secure_path(self._spool, self._mode, self._gid, create=False)
+        except OSError as exc:
+            raise JournalError(f"{self._spool}: cannot spool a write: {exc.strerror}") from None
+
+    def _overlay(self, table: str, match) -> list[dict]:
+        """This connection's spooled writes to ``table`` whose row satisfies ``match``."""
+        return [op for op in self._pending if op["table"] == table and match(op)]
+
     # -- jobs --------------------------------------------------------------------------
     def upsert_job(self, job_id: int, **fields: Any) -> None:
-        now = time.time()
-        existing = self.job(job_id)
-        row = {"job_id": job_id, "updated": now, **fields}
-        if existing is None:
-            row.setdefault("created", now)
-        self._guard(self.db["jobs"].upsert, row, pk="job_id")
+        now = self.clock()
+        self._write({"op": "upsert", "table": "jobs", "row": {"job_id": job_id, "updated": now, **fields},
+                     "first": {"created": now}})
 
     def job(self, job_id: int) -> dict | None:
-        rows = list(self.db.query("SELECT * FROM jobs WHERE job_id = ?", [job_id]))
-        return rows[0] if rows else None
+        rows = self._guard(lambda: list(self.db.query("SELECT * FROM jobs WHERE job_id = ?", [job_id])))
+        row = rows[0] if rows else None
+        for op in self._overlay("jobs", lambda o: o["row"]["job_id"] == job_id):
+            base = row if row is not None else {c: None for c in COLUMNS["jobs"]} | op.get("first", {})
+            row = {**base, **op["row"]}
+        return row
 
     def set_ft_state(self, job_id: int, state: str) -> None:
         self.upsert_job(job_id, ft_state=state)
 
     # -- attempts ------------------------------------------------------------------------
     def upsert_attempt(self, job_id: int, attempt: int, **fields: Any) -> None:
-        row = {"job_id": job_id, "attempt": attempt, "updated": time.time(),
+        row = {"job_id": job_id, "attempt": attempt, "updated": self.clock(),
                **{k: v for k, v in fields.items() if v is not None}}
-        self._guard(self.db["attempts"].upsert, row, pk=("job_id", "attempt"))
+        self._write({"op": "upsert", "table": "attempts", "row": row})
 
     def has_attempt(self, job_id: int, attempt: int) -> bool:
-        return bool(list(self.db.query("SELECT 1 FROM attempts WHERE job_id = ? AND attempt = ?", [job_id, attempt])))
+        return any(a["attempt"] == attempt for a in self.attempts(job_id))
 
     def close_attempts_before(self, job_id: int, attempt: int) -> None:
         """Attempts before ``attempt`` still open (the daemon never saw them end: a lost node, a
         requeue by Slurm or an admin) are closed as REQUEUED, now."""
-        self._guard(self.db.execute,
-                    "UPDATE attempts SET end = ?, state = 'REQUEUED', updated = ? "
-                    "WHERE job_id = ? AND attempt < ? AND end IS NULL", [time.time(), time.time(), job_id, attempt])
+        if not any(a["attempt"] < attempt and a.get("end") is None for a in self.attempts(job_id)):
+            return
+        self._write({"op": "close_before", "table": "attempts", "job_id": job_id, "attempt": attempt,
+                     "t": self.clock()})
 
     def attempts(self, job_id: int) -> list[dict]:
-        return list(self.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", [job_id]))
+        rows = {r["attempt"]: r for r in self._guard(
+            lambda: list(self.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", [job_id])))}
+        for op in self._pending:
+            if op["table"] != "attempts":
+                continue
+            if op["op"] == "upsert" and op["row"]["job_id"] == job_id:
+                a = op["row"]["attempt"]
+                rows[a] = {**(rows.get(a) or {c: None for c in COLUMNS["attempts"]}), **op["row"]}
+            elif op["op"] == "close_before" and op["job_id"] == job_id:
+                for a, r in rows.items():
+                    if a < op["attempt"] and r.get("end") is None:
+                        rows[a] = {**r, "end": op["t"], "state": "REQUEUED", "updated": op["t"]}
+        return [rows[a] for a in sorted(rows)]
 
     # -- verdicts ------------------------------------------------------------------------
     def add_verdict(self, job_id: int, attempt: int, node: str, verdict: str, rule: str,
                     xids: Iterable[dict] = (), evidence: Iterable[str] = (), action: str = "none",
                     exit_code: int | None = None, source: str = "epilog", created: float | None = None) -> bool:
         """Record one node's verdict for one attempt. Returns False if it was already recorded."""
+        if any(v["node"] == node for v in self.verdicts(job_id, attempt)):
+            return False
         row = {"job_id": job_id, "attempt": attempt, "node": node, "verdict": verdict, "rule": rule,
                "xids": json.dumps(list(xids)), "evidence": json.dumps(list(evidence)), "action": action,
-               "exit_code": exit_code, "source": source, "created": created or time.time()}
-        before = self.db.conn.total_changes
-        self._guard(self.db["verdicts"].insert, row, ignore=True)
-        return self.db.conn.total_changes > before
+               "exit_code": exit_code, "source": source, "created": created or self.clock()}
+        self._write({"op": "insert_ignore", "table": "verdicts", "row": row})
+        return True
+
+    def add_node_verdict(self, v) -> bool:
+        """Record a :class:`slurm_ft.failover.verdict.NodeVerdict` (the one typed verdict)."""
+        return self.add_verdict(v.job_id, v.attempt, v.node, v.verdict, v.rule,
+                                [{"xid": x, "bus_id": b or None} for x, b in v.xids], list(v.evidence), v.action,
+                                v.exit_code, source=v.source, created=v.time)
+
+    def node_verdicts(self, job_id: int, attempt: int | None = None) -> list:
+        """The verdicts of a job (one attempt) as :class:`~slurm_ft.failover.verdict.NodeVerdict`."""
+        from ..failover.verdict import NodeVerdict
+        return [NodeVerdict.from_row(r) for r in self.verdicts(job_id, attempt)]
 
     def verdicts(self, job_id: int, attempt: int | None = None) -> list[dict]:
         sql = "SELECT * FROM verdicts WHERE job_id = ?"
@@ -282,7 +534,13 @@ class Journal:
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
-        rows = list(self.db.query(sql + " ORDER BY attempt, node", args))
+        rows = self._guard(lambda: list(self.db.query(sql + " ORDER BY attempt, node", args)))
+        pending = [dict(op["row"]) for op in self._overlay(
+            "verdicts", lambda o: o["row"]["job_id"] == job_id and (attempt is None or o["row"]["attempt"] == attempt))]
+        if pending:
+            have = {(r["attempt"], r["node"]) for r in rows}
+            rows += [r for r in pending if (r["attempt"], r["node"]) not in have]
+            rows.sort(key=lambda r: (r["attempt"], r["node"]))
         for r in rows:
             r["xids"] = json.loads(r["xids"] or "[]")
             r["evidence"] = json.loads(r["evidence"] or "[]")
@@ -306,17 +564,29 @@ class Journal:
 
     # -- actions -------------------------------------------------------------------------
     def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "") -> int:
-        """Record an action about to be taken (status 'intent'); returns its id."""
-        table = self.db["actions"]
-        self._guard(table.insert, {"job_id": job_id, "attempt": attempt, "action": action, "target": target,
-                                   "detail": detail, "status": "intent", "created": time.time()})
-        return table.last_pk
+        """Record an action about to be taken (status 'intent'); returns its id (a negative,
+        temporary one while the row waits in the spool; :meth:`finish` takes either)."""
+        op = {"op": "insert", "table": "actions", "row": {
+            "job_id": job_id, "attempt": attempt, "action": action, "target": target, "detail": detail,
+            "status": "intent", "created": self.clock()}}
+        op["tmp"] = tmp = self._next_tmp     # its id while it waits in the spool
+        self._write(op)
+        if op in self._pending:
+            self._next_tmp -= 1
+            self._tmp_uid[tmp] = op["uid"]
+            return tmp
+        return self._last_ids[op["uid"]]
 
     def finish(self, action_id: int, status: str = "done", detail: str | None = None) -> None:
-        fields: dict[str, Any] = {"status": status, "finished": time.time()}
+        fields: dict[str, Any] = {"status": status, "finished": self.clock()}
         if detail is not None:
             fields["detail"] = detail
-        self._guard(self.db["actions"].update, action_id, fields)
+        op: dict[str, Any] = {"op": "update", "table": "actions", "fields": fields}
+        if action_id < 0 and action_id in self._tmp_uid:
+            op["ref"] = self._tmp_uid[action_id]
+        else:
+            op["id"] = self._ids.get(action_id, action_id)
+        self._write(op)
 
     def record(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "",
                status: str = "done") -> int:
@@ -325,52 +595,95 @@ class Journal:
         self.finish(aid, status)
         return aid
 
+    def _pending_actions(self, match) -> tuple[list[dict], list[dict]]:
+        """(rows spooled by this connection that satisfy ``match``, spooled updates)."""
+        rows, updates = [], []
+        for op in self._pending:
+            if op["table"] != "actions":
+                continue
+            if op["op"] == "insert" and match(op["row"]):
+                rows.append({"id": op.get("tmp", 0), "finished": None, **op["row"], "_uid": op["uid"]})
+            elif op["op"] == "update":
+                updates.append(op)
+        return rows, updates
+
+    def _with_pending(self, rows: list[dict], match) -> list[dict]:
+        if not self._pending:
+            return rows
+        extra, updates = self._pending_actions(match)
+        by_uid = {r["_uid"]: r for r in extra}
+        by_id = {r["id"]: r for r in rows}
+        for op in updates:
+            target = by_uid.get(op["ref"]) if op.get("ref") else by_id.get(op.get("id"))
+            if target is not None:
+                target.update(op["fields"])
+        for r in extra:
+            del r["_uid"]
+        return rows + extra
+
     def actions(self, job_id: int, attempt: int | None = None) -> list[dict]:
         sql = "SELECT * FROM actions WHERE job_id = ?"
         args: list[Any] = [job_id]
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
-        return list(self.db.query(sql + " ORDER BY id", args))
+        rows = self._guard(lambda: list(self.db.query(sql + " ORDER BY id", args)))
+        return self._with_pending(rows, lambda r: r["job_id"] == job_id and (attempt is None or r["attempt"] == attempt))
+
+    def actions_since(self, after_id: int) -> list[dict]:
+        """Action rows with an id above ``after_id`` (written by anyone), oldest first."""
+        return self._guard(lambda: list(self.db.query("SELECT * FROM actions WHERE id > ? ORDER BY id", [after_id])))
 
     def failovers_done(self, job_id: int) -> int:
         """Failovers spent from the job's retry budget (``failover`` actions done)."""
-        return self.db.execute("SELECT count(*) FROM actions WHERE job_id = ? AND action = 'failover' "
-                               "AND status = 'done'", [job_id]).fetchone()[0]
+        return sum(1 for a in self.actions(job_id) if a["action"] == "failover" and a["status"] == "done")
 
     def pending_intents(self) -> list[dict]:
-        return list(self.db.query("SELECT * FROM actions WHERE status = 'intent' ORDER BY id"))
+        rows = self._guard(lambda: list(self.db.query("SELECT * FROM actions WHERE status = 'intent' ORDER BY id")))
+        rows = self._with_pending(rows, lambda r: True)
+        return [r for r in rows if r["status"] == "intent"]
 
     def boosted_jobs(self) -> set[int]:
         """Jobs whose priority slurm-ft raised (a failover's ``update`` with ``Priority=``, or a
         prolog-refusal ``release``): they never count as "the highest waiting job" again, so
         boosts do not ratchet."""
-        rows = self.db.execute("SELECT DISTINCT job_id FROM actions WHERE (action = 'update' AND detail LIKE "
-                               "'%Priority=%') OR action = 'release'").fetchall()
-        return {r[0] for r in rows}
+        rows = self._guard(lambda: self.db.execute(
+            "SELECT DISTINCT job_id FROM actions WHERE (action = 'update' AND detail LIKE "
+            "'%Priority=%') OR action = 'release'").fetchall())
+        extra, _ = self._pending_actions(lambda r: (r["action"] == "update" and "Priority=" in (r["detail"] or ""))
+                                         or r["action"] == "release")
+        return {r[0] for r in rows} | {r["job_id"] for r in extra}
 
     def breaker_latched(self) -> str | None:
         """When the circuit breaker opened (the detail of the newest ``breaker-open`` action not
         followed by a ``breaker-reset``), or None when it is closed."""
-        row = self.db.execute("SELECT action, detail, created FROM actions WHERE action IN "
-                              "('breaker-open', 'breaker-reset') ORDER BY id DESC LIMIT 1").fetchone()
+        row = self._guard(lambda: self.db.execute(
+            "SELECT action, detail, created FROM actions WHERE action IN "
+            "('breaker-open', 'breaker-reset') ORDER BY id DESC LIMIT 1").fetchone())
+        extra, _ = self._pending_actions(lambda r: r["action"] in ("breaker-open", "breaker-reset"))
+        if extra:
+            row = (extra[-1]["action"], extra[-1]["detail"], extra[-1]["created"])
         if row is None or row[0] != "breaker-open":
             return None
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(row[2] or 0))
 
     # -- health ----------------------------------------------------------------------------
     def add_health(self, node: str, results: Iterable[dict], job_id: int | None = None) -> None:
-        now = time.time()
-        rows = [{"node": node, "job_id": job_id, "check_name": r.get("check"), "status": r.get("status"),
-                 "gpu": r.get("gpu"), "measurement": r.get("measurement"),
-                 "value": None if r.get("value") is None else str(r.get("value")),
-                 "detail": r.get("detail", ""), "created": now} for r in results]
-        if rows:
-            self._guard(self.db["health"].insert_all, rows)
+        now = self.clock()
+        for r in results:
+            self._write({"op": "insert", "table": "health", "row": {
+                "node": node, "job_id": job_id, "check_name": r.get("check"), "status": r.get("status"),
+                "gpu": r.get("gpu"), "measurement": r.get("measurement"),
+                "value": None if r.get("value") is None else str(r.get("value")),
+                "detail": r.get("detail", ""), "created": now}})
 
     # -- mailbox bookkeeping (daemon side) -------------------------------------------------
     def mailbox_seen(self, node: str, key: str) -> bool:
-        return bool(list(self.db.query("SELECT 1 FROM mailbox_seen WHERE node = ? AND key = ?", [node, key])))
+        if self._overlay("mailbox_seen", lambda o: o["row"]["node"] == node and o["row"]["key"] == key):
+            return True
+        return bool(self._guard(lambda: list(self.db.query(
+            "SELECT 1 FROM mailbox_seen WHERE node = ? AND key = ?", [node, key]))))
 
     def mark_mailbox_seen(self, node: str, key: str) -> None:
-        self._guard(self.db["mailbox_seen"].insert, {"node": node, "key": key, "seen": time.time()}, ignore=True)
+        self._write({"op": "insert_ignore", "table": "mailbox_seen", "row": {"node": node, "key": key,
+                                                                             "seen": self.clock()}})

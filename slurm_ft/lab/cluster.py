@@ -222,6 +222,8 @@ def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path, extra: list[str
         "GresTypes=gpu",
         f"Prolog={repo}/prolog/slurm-ft-prolog", f"Epilog={repo}/epilog/slurm-ft-epilog",
         "PrologFlags=Alloc", "PrologEpilogTimeout=60",
+        # ft job started/ended -> the daemon's events directory (contrib/slurm-ft-ctld-event)
+        f"PrologSlurmctld={d}/ctld-event", f"EpilogSlurmctld={d}/ctld-event",
         *extra,  # SPANK plugin, cli_filter, job_submit (lab/spank.py)
     ]
     for i, n in enumerate(nodes, start=1):
@@ -255,6 +257,7 @@ command_timeout_s = 10.0
 
 [failover]
 poll_interval_s = 0.2
+events_dir = "{lay.dir}/events"
 
 [breaker]
 # a 3-node lab: the tests drain every node in turn (a real site keeps the defaults, docs/security.md)
@@ -264,6 +267,15 @@ max_fraction = 1.0
 [health]
 expected_gpus = {L.GPUS_PER_NODE}
 nvml_timeout_s = 5.0
+
+[hang]
+# short windows for the lab's tests (a real site keeps the defaults: docs/hang.md); heartbeats per
+# node, since every lab node shares this host's /run
+grace_s = 5.0
+poll_s = 2.0
+kill_wait_s = 3.0
+slurm_check_s = 30.0
+heartbeat_dir = "{lay.dir}/heartbeat/{{node}}"
 """
 
 
@@ -469,6 +481,10 @@ class Lab:
             shutil.rmtree(d / sub, ignore_errors=True)
         for sub in ("state", "run", "log", "journal", "nvml", "nodestate", "spool", "dev"):
             _make_dir(d / sub)
+        shutil.rmtree(d / "events", ignore_errors=True)
+        _make_dir(d / "events", 0o700)
+        write_file(d / "ctld-event", f"#!/bin/sh\nSLURM_FT_EVENTS_DIR={d}/events exec "
+                                     f"{self.repo}/contrib/slurm-ft-ctld-event\n", 0o755)
         _make_dir(d / "jobs", 0o1777)  # every lab user's job output; sticky: nobody replaces another's
         for n in nodes:
             _make_dir(d / "spool" / n)
@@ -482,8 +498,11 @@ class Lab:
 
         so = lab_spank.write_files(self.lay.dir, self.repo, log=log,
                                    failover=ft_config.load(self.lay.ft_conf).failover)
+        local = d / "slurm.conf.local"   # a benchmark's own lines (MaxJobCount=...), kept across fresh starts
+        extra = [ln.strip() for ln in local.read_text().splitlines() if ln.strip() and not ln.startswith("#")] \
+            if local.is_file() and not local.is_symlink() else []
         write_file(self.lay.slurm_conf, render_slurm_conf(self.lay, nodes, self.repo,
-                                                          lab_spank.slurm_conf_lines(self.lay.dir, so)))
+                                                          [*lab_spank.slurm_conf_lines(self.lay.dir, so), *extra]))
         write_file(self.lay.gres_conf, render_gres_conf(self.lay, nodes))
         _make_dir(self.lay.acct_dir, 0o700)  # the database and its socket: root only
         write_file(self.lay.slurmdbd_conf, acct.render_slurmdbd_conf(self.lay), 0o600)

@@ -85,3 +85,56 @@ def inject_xid(node: str, xid: int, gpu: int = 0, kill: bool = True) -> dict:
         except ProcessLookupError:
             pass
     return {"line": line, "killed": killed}
+
+
+#: What a task prints when an InfiniBand link fails under NCCL (classifier row ib-completion-error: infra).
+INFRA_LINE = ("{node}:{pid}:{pid} [0] ib_plugin.c:1105 NCCL WARN NET/IB : Got completion from peer "
+              "10.0.0.1<49189> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+
+
+def inject_infra(node: str, *, conf: str, job_id: int | None = None, message: str | None = None) -> dict:
+    """The step tasks (``srun`` steps, never the batch script) of the jobs on lab node ``node``
+    (of the lab whose slurm.conf is ``conf``) print ``message`` on their stderr, as a network
+    failure makes NCCL do, and are killed (SIGKILL). The line goes down the task's own stderr
+    (``/proc/PID/fd/2``) only when that is a pipe or socket (what slurmstepd gives a task): a
+    job's stderr that is a file of its choosing is never opened by root. Returns what was done."""
+    from ..hang.procs import roots, scan, tasks
+    found = tasks(scan(job_id, conf=conf, node=node))
+    if not found:
+        return {"killed": []}
+    for p in roots(found):
+        say_on_stderr(p.pid, (message or INFRA_LINE).format(node=node, pid=p.pid))
+    killed = []
+    for p in found:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+            killed.append({"pid": p.pid, "job": p.job, "step": p.step})
+        except ProcessLookupError:
+            pass
+    return {"killed": killed}
+
+
+def say_on_stderr(pid: int, line: str) -> bool:
+    """Write ``line`` down process ``pid``'s stderr if that is a pipe or a socket (a task's stdio
+    from slurmstepd); never when it is a file (root would write into whatever file the job's
+    descriptor names). Returns whether it was written."""
+    import stat
+    try:
+        st = os.stat(f"/proc/{pid}/fd/2")          # the open file itself, not a path the job chose
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        return False
+    try:
+        fd = os.open(f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        os.write(fd, (line + "\n").encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

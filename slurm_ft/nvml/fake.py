@@ -232,6 +232,11 @@ class FakeNvml:
     def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
         return self._gpu(handle, "nvmlDeviceGetComputeMode")["compute_mode"]
 
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
+        """``c_nvmlUtilization_t``: ``gpu`` (percent of time a kernel ran over the last sample
+        period) from the inventory; ``memory`` is not modelled (0)."""
+        return SimpleNamespace(gpu=self._gpu(handle, "nvmlDeviceGetUtilizationRates")["utilization_gpu"], memory=0)
+
     # -- events -------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> FakeEventSet:
         self._node()

@@ -68,6 +68,10 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("persistence_mode", "bool", True, "nvmlDeviceGetPersistenceMode"),
     Field("compute_mode", "int", 0, "nvmlDeviceGetComputeMode (0 default, 2 prohibited, 3 exclusive process)"),
     Field("xid_events", "list[int]", [], "Xid codes delivered by nvmlEventSetWait (on every check until cleared)"),
+    Field("utilization_gpu", "int", 0, "percent of time a kernel ran (nvmlDeviceGetUtilizationRates().gpu); "
+          "read by the hang watcher, no health check"),
+    Field("collective_corrupt", "bool", False, "the GPU returns wrong results to the lab's collective test "
+          "(slurm_ft.bisect.collective) while every health check passes: silent corruption only bisect finds"),
 )
 
 #: Node-level keys (beside ``gpus``).

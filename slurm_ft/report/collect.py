@@ -3,7 +3,7 @@
 
 Who took a node out of service, read from its drain/down reason (docs/drain-report.md):
 
-* ``fault``  - slurm-ft, for a fault verdict: ``slurm-ft: Xid 79 on 0000:10:00 (job 12)``,
+* ``fault``  - slurm-ft, for a fault verdict: ``slurm-ft: Xid 79 GPU 0000:10:00 (job 12)``,
   ``slurm-ft: <rule> (job 12)`` (the epilog and the daemon, ``slurm_ft.drain.drain_reason``);
 * ``health`` - slurm-ft, for a failing GPU health check: ``slurm-ft: <check>: ...`` (prolog,
   ``slurm-ft health --act``);
@@ -293,7 +293,8 @@ def _collect(cfg, slurm, since_s: float, node_journals: str | None, flap_thresho
 
 
 _REASON_JOB = re.compile(r"\(job (\d+)\)$")
-_REASON_BUS = re.compile(r" on ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\b")
+#: ``GPU <bus>`` (slurm_ft.drain.drain_reason), `` on <bus>`` (reasons of releases before it)
+_REASON_BUS = re.compile(r" (?:GPU|on) ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\b")
 
 
 def _fault_from_reason(faults: _Faults, e: DrainEvent, health_nodes: set[str]) -> None:

@@ -1,0 +1,458 @@
+"""``slurm-ft doctor``: is slurm-ft set up right on this node or controller? One line per check,
+``OK``/``WARN``/``FAIL``/``SKIP``, each FAIL and WARN with the fix (docs/install.md).
+
+Roles: ``node`` (a compute node: the wrappers slurmd runs and the Python they run, node journal
+and state directories, NVML), ``controller`` (job_submit.lua and Slurm's Lua plugin, the daemon
+journal, the daemon's heartbeat); ``all`` for a host that is both. Slurm's settings are read
+with ``scontrol show config`` (what slurmctld runs with), or from slurm.conf when slurmctld does
+not answer. Everything the checks look at is in :class:`Env`, so tests give fake text and files.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import assets, daemonlock
+from .errors import SlurmFTError
+from .install import untrusted
+
+ROLES = ("node", "controller")
+STATUSES = ("OK", "WARN", "FAIL", "SKIP")
+_NULL = ("", "(null)", "none")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"{self.status:<4} {self.name:<13} {self.detail}" + (f" -- fix: {self.fix}" if self.fix else "")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
+
+
+@dataclass
+class Env:
+    """What the checks read. ``conf``: Slurm's settings with lower-case keys (``prolog``,
+    ``prologflags``, ``jobsubmitplugins``, ...); ``conf_dir``: slurm.conf's directory."""
+
+    roles: frozenset[str]
+    cfg: object | None
+    cfg_error: str | None
+    conf: dict[str, str]
+    conf_source: str
+    conf_dir: Path
+    host: str
+    now: float = field(default_factory=time.time)
+    #: (node name) -> (ok, text): can NVML be initialised and the GPUs counted
+    nvml_probe: Callable[[str], tuple[bool, str]] | None = None
+    #: (python, module) -> None when ``python -I -c 'import module'`` works, else the error
+    python_probe: Callable[[str, str], str | None] | None = None
+
+
+# -------------------------------------------------------------------------------- Slurm config
+def parse_slurm_conf(text: str) -> dict[str, str]:
+    """The global ``Key=Value`` settings of a slurm.conf (keys lower-case, first wins); node,
+    partition and other multi-key lines are skipped."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip() or " " in key.strip() or "\t" in key.strip():
+            continue
+        key = key.strip().lower()
+        if key in ("nodename", "partitionname", "frontendname", "nodeset", "downnodes"):
+            continue
+        out.setdefault(key, value.strip())
+    return out
+
+
+def lower_keys(conf: dict[str, str]) -> dict[str, str]:
+    """``scontrol show config`` (:meth:`slurm_ft.slurm.Slurm.show_config`) with lower-case keys."""
+    out: dict[str, str] = {}
+    for k, v in conf.items():
+        out.setdefault(k.lower(), v)
+    return out
+
+
+def _values(v: str | None) -> list[str]:
+    return [] if v is None or v.strip().lower() in _NULL else [x.strip() for x in v.split(",") if x.strip()]
+
+
+def controller_hosts(conf: dict[str, str]) -> list[str]:
+    """Short host names of ``SlurmctldHost`` (``SlurmctldHost[0] = ctl(10.0.0.1)``, or the
+    slurm.conf forms ``ctl(10.0.0.1)`` / ``ControlMachine``)."""
+    hosts = []
+    for k, v in conf.items():
+        if k.startswith("slurmctldhost") or k in ("controlmachine", "backupcontroller"):
+            hosts += [h.split("(")[0].split(".")[0] for h in _values(v)]
+    return hosts
+
+
+# ------------------------------------------------------------------------------------ checks
+def check_config(env: Env) -> list[Check]:
+    if env.cfg_error:
+        return [Check("config", "FAIL", env.cfg_error, "correct the key it names (docs/configuration.md)")]
+    src = getattr(env.cfg, "source", None)
+    if src is None:
+        return [Check("config", "WARN", "no slurm-ft.toml found: built-in defaults",
+                      f"slurm-ft install --only config ({assets.CONFIG_PATH}), the same file on every host")]
+    return [Check("config", "OK", f"{src} is valid")]
+
+
+def check_slurm_config(env: Env) -> list[Check]:
+    if not env.conf:
+        return [Check("slurm-config", "FAIL", f"cannot read Slurm's configuration ({env.conf_source})",
+                      "start slurmctld, or give --slurm-conf FILE")]
+    if env.conf_source.startswith("scontrol"):
+        return [Check("slurm-config", "OK", f"read with scontrol show config (slurm.conf in {env.conf_dir})")]
+    return [Check("slurm-config", "WARN", f"slurmctld did not answer; read {env.conf_source}",
+                  "start slurmctld (then `scontrol reconfigure` after editing slurm.conf)")]
+
+
+def _wrapper_python(text: str, wrapper: Path) -> str | None:
+    """The Python a wrapper runs: ``PYTHON=...`` of an installed wrapper, or the checkout's
+    ``../.venv/bin/python`` of prolog/slurm-ft-prolog."""
+    m = re.search(r"^PYTHON=(.+)$", text, re.M)
+    if m:
+        try:
+            words = shlex.split(m.group(1))
+        except ValueError:
+            return None
+        return words[0] if words else None
+    if '$here/../.venv/bin/python' in text:
+        return str(Path(os.path.realpath(wrapper)).parent.parent / ".venv" / "bin" / "python")
+    return None
+
+
+def _script_check(env: Env, key: str, kind: str) -> list[Check]:
+    name, setting = kind, {"prolog": "Prolog", "epilog": "Epilog"}[kind]
+    want = f"{assets.LIBEXEC_DIR}/slurm-ft-{kind}"
+    paths = _values(env.conf.get(key))
+    if not paths:
+        return [Check(name, "FAIL", f"{setting}= is not set: slurm-ft never sees a job",
+                      f"slurm.conf: {setting}={want}" + ("  PrologFlags=Alloc" if kind == "prolog" else ""))]
+    files = [Path(f) for p in paths for f in (sorted(glob.glob(p)) or [p])]
+    if "node" not in env.roles:
+        if any(f.name == f"slurm-ft-{kind}" for f in files):
+            return [Check(name, "OK", f"{setting}={','.join(paths)} (the file is checked on the nodes)")]
+        return [Check(name, "FAIL", f"{setting}={','.join(paths)} does not name slurm-ft-{kind}",
+                      f"slurm.conf: {setting}={want}")]
+    for f in files:
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        if f"slurm_ft.{kind}" not in text:
+            continue
+        problems = []
+        bad = untrusted(f)
+        if bad:
+            problems.append(f"{bad} (root runs it)")
+        if not os.access(f, os.X_OK):
+            problems.append(f"{f} is not executable")
+        py = _wrapper_python(text, f)
+        if py is None:
+            problems.append(f"{f}: no PYTHON= line")
+        elif not os.access(py, os.X_OK):
+            problems.append(f"{py} (the Python it runs) is missing: every job here drains the node")
+        else:
+            bad = untrusted(py)
+            if bad:
+                problems.append(f"{bad} (the Python root runs)")
+            elif env.python_probe is not None:
+                err = env.python_probe(py, f"slurm_ft.{kind}")
+                if err:
+                    problems.append(f"{py} cannot import slurm_ft.{kind}: {err}")
+        if problems:
+            return [Check(name, "FAIL", "; ".join(problems),
+                          "slurm-ft install --only wrappers (from the venv slurm-ft runs in), docs/install.md")]
+        return [Check(name, "OK", f"{setting}={f} runs {py}")]
+    return [Check(name, "FAIL", f"{setting}={','.join(paths)}: no slurm-ft {kind} there on this host",
+                  f"slurm-ft install --only wrappers; slurm.conf: {setting}={want}")]
+
+
+def check_prolog(env: Env) -> list[Check]:
+    out = _script_check(env, "prolog", "prolog")
+    flags = [f.lower() for f in _values(env.conf.get("prologflags"))]
+    if "alloc" in flags:
+        out.append(Check("prolog-flags", "OK", f"PrologFlags={env.conf.get('prologflags')}"))
+    else:
+        out.append(Check("prolog-flags", "FAIL",
+                         f"PrologFlags={env.conf.get('prologflags') or '(unset)'}: the prolog runs only at the "
+                         f"first step, too late for the GPU checks and the start marker",
+                         "slurm.conf: PrologFlags=Alloc (keep other flags: Alloc,Contain)"))
+    return out
+
+
+def check_epilog(env: Env) -> list[Check]:
+    return _script_check(env, "epilog", "epilog")
+
+
+def _has_lua(v: str | None) -> bool:
+    return any(p.lower() in ("lua", "job_submit/lua", "cli_filter/lua") for p in _values(v))
+
+
+def _plugin_dirs(env: Env) -> list[str]:
+    return [d for d in (env.conf.get("plugindir") or "").split(":") if d]
+
+
+def check_job_submit(env: Env) -> list[Check]:
+    name = "job-submit"
+    if not _has_lua(env.conf.get("jobsubmitplugins")):
+        return [Check(name, "FAIL", f"JobSubmitPlugins={env.conf.get('jobsubmitplugins') or '(unset)'}: ft options "
+                      f"are not checked nor fixed at submit, and the daemon acts on no job",
+                      "slurm.conf: JobSubmitPlugins=lua (with job_submit.lua beside slurm.conf)")]
+    out = []
+    dirs = _plugin_dirs(env)
+    if dirs and not any(os.path.exists(os.path.join(d, "job_submit_lua.so")) for d in dirs):
+        out.append(Check("lua", "FAIL", f"job_submit_lua.so is not in PluginDir {':'.join(dirs)}",
+                         "apt-get install slurm-wlm-basic-plugins (Debian), or build Slurm with Lua"))
+    elif dirs:
+        out.append(Check("lua", "OK", f"job_submit_lua.so in {':'.join(dirs)}"))
+    path = env.conf_dir / "job_submit.lua"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return out + [Check(name, "FAIL", f"{path}: {exc.strerror}", "slurm-ft install --only lua")]
+    if "slurm-ft:submitted" not in text:
+        return out + [Check(name, "FAIL", f"{path} is not slurm-ft's job_submit.lua",
+                            "merge slurm-ft's into it (slurm-ft install --only lua writes "
+                            "job_submit.lua.slurm-ft-new), docs/install.md")]
+    m_max = re.search(r"^local MAX_RETRIES = (\d+)", text, re.M)
+    m_def = re.search(r"^local DEFAULT_RETRIES = (\d+)", text, re.M)
+    f = getattr(env.cfg, "failover", None)
+    if f is not None and m_max and m_def and (int(m_max.group(1)), int(m_def.group(1))) != (f.max_retries, f.retries):
+        return out + [Check(name, "FAIL", f"{path} has max_retries={m_max.group(1)} retries={m_def.group(1)}, "
+                            f"the config max_retries={f.max_retries} retries={f.retries}",
+                            "slurm-ft install --only lua (renders the config's limits), then scontrol reconfigure")]
+    return out + [Check(name, "OK", f"JobSubmitPlugins=lua, {path} is slurm-ft's")]
+
+
+def check_cli_filter(env: Env) -> list[Check]:
+    name = "cli-filter"
+    if not _has_lua(env.conf.get("clifilterplugins")):
+        return [Check(name, "FAIL", f"CliFilterPlugins={env.conf.get('clifilterplugins') or '(unset)'}: "
+                      f"sbatch --ft jobs lose their output on requeue (no --open-mode=append)",
+                      "slurm.conf: CliFilterPlugins=lua (cli_filter.lua beside slurm.conf on submit hosts)")]
+    path = env.conf_dir / "cli_filter.lua"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return [Check(name, "FAIL", f"{path}: {exc.strerror}", "slurm-ft install --only lua")]
+    if "slurm_cli_pre_submit" not in text or "open-mode" not in text:
+        return [Check(name, "WARN", f"{path} is not slurm-ft's cli_filter.lua", "merge slurm-ft's, docs/install.md")]
+    return [Check(name, "OK", f"CliFilterPlugins=lua, {path}")]
+
+
+def _plugstack_lines(path: Path, depth: int = 0) -> list[tuple[Path, str]]:
+    """Non-comment lines of a plugstack.conf and the files it ``include``s."""
+    if depth > 4:
+        return []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        if words[0] == "include" and len(words) > 1:
+            for inc in sorted(glob.glob(words[1])):
+                out += _plugstack_lines(Path(inc), depth + 1)
+        else:
+            out.append((path, line))
+    return out
+
+
+def check_plugstack(env: Env) -> list[Check]:
+    name = "plugstack"
+    conf_value = env.conf.get("plugstackconfig")
+    path = Path(conf_value) if conf_value and conf_value.lower() not in _NULL else env.conf_dir / "plugstack.conf"
+    lines = [(f, ln) for f, ln in _plugstack_lines(path) if "slurm_ft_spank.so" in ln]
+    fix = (f"slurm-ft install --only spank; make -C {assets.SPANK_SRC_DIR} install; "
+           f"plugstack.conf: include {env.conf_dir}/plugstack.conf.d/*.conf")
+    if not lines:
+        return [Check(name, "FAIL", f"{path} loads no slurm_ft_spank.so: sbatch --ft is an unknown option", fix)]
+    where, line = lines[0]
+    words = line.split()
+    so = words[1] if len(words) > 1 and words[0] in ("optional", "required") else words[0]
+    if not os.path.exists(so):
+        return [Check(name, "FAIL", f"{where} names {so}, which is not on this host",
+                      f"make -C {assets.SPANK_SRC_DIR} install (on every submit host and node)")]
+    return [Check(name, "OK", f"{where}: {line}")]
+
+
+def _journal_check(name: str, path: Path) -> Check:
+    from .journal import open_journal
+    if path.exists():
+        if not os.access(path, os.R_OK | os.W_OK):
+            return Check(name, "FAIL", f"{path} is not readable and writable by this user", "run doctor as root")
+        try:
+            with open_journal(path, readonly=True) as j:
+                jobs = j.db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file is a FAIL, never a traceback
+            return Check(name, "FAIL", f"{path}: {exc}", "move the file aside; the writer makes a new one")
+        return Check(name, "OK", f"{path} ({jobs} jobs)")
+    d = path.parent
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    if not os.access(d, os.W_OK):
+        return Check(name, "FAIL", f"{path} does not exist and {d} is not writable", "run as root; check [journal]")
+    return Check(name, "OK", f"{path} not created yet (the first writer creates it)")
+
+
+def check_journals(env: Env) -> list[Check]:
+    if env.cfg is None:
+        return [Check("journal", "SKIP", "no valid config")]
+    out = []
+    if "controller" in env.roles:
+        out.append(_journal_check("journal", Path(env.cfg.journal.path)))
+    if "node" in env.roles:
+        out.append(_journal_check("node-journal", Path(env.cfg.node_journal_path(env.host))))
+        d = Path(env.cfg.node_state.dir)
+        bad = untrusted(d) if d.exists() else None
+        if bad:
+            out.append(Check("node-state", "FAIL", f"{bad}: the prolog/epilog markers must be root's",
+                             f"chown root:root {d}; chmod 0700 {d}"))
+        else:
+            out.append(Check("node-state", "OK", f"{d}" + ("" if d.exists() else " (created by the first prolog)")))
+    return out
+
+
+def check_daemon(env: Env) -> list[Check]:
+    if env.cfg is None:
+        return [Check("daemon", "SKIP", "no valid config")]
+    path = env.cfg.journal.path
+    poll = env.cfg.failover.poll_interval_s
+    state, age = daemonlock.staleness(path, poll, env.now)
+    fix = "systemctl status slurm-ft-daemon; journalctl -u slurm-ft-daemon; systemctl enable --now slurm-ft-daemon"
+    if state == "missing":
+        return [Check("daemon", "FAIL", f"no heartbeat at {daemonlock.heartbeat_path(path)}: the daemon has not run "
+                      f"on this journal", fix)]
+    if state == "stale":
+        return [Check("daemon", "FAIL", daemonlock.down_warning(path, poll, env.now), fix)]
+    hb = daemonlock.read_heartbeat(path) or {}
+    if not hb.get("ok", True):
+        since = env.now - hb["last_ok"] if isinstance(hb.get("last_ok"), (int, float)) else None
+        when = f"for {since:.0f} s" if since is not None else "since it started"
+        return [Check("daemon", "WARN", f"pid {hb.get('pid')} runs, but its cycles fail {when}",
+                      "journalctl -u slurm-ft-daemon (Slurm unreachable? journal unwritable?)")]
+    return [Check("daemon", "OK", f"pid {hb.get('pid')}, last cycle {age:.1f} s ago")]
+
+
+def check_nvml(env: Env) -> list[Check]:
+    if env.cfg is None or env.nvml_probe is None:
+        return [Check("nvml", "SKIP", "no valid config" if env.cfg is None else "not probed")]
+    ok, text = env.nvml_probe(env.host)
+    if ok:
+        return [Check("nvml", "OK", text)]
+    return [Check("nvml", "FAIL", text, "install/load the NVIDIA driver (nvidia-smi must work as root); "
+                  "[nvml] in the config")]
+
+
+NODE_CHECKS = (check_prolog, check_epilog, check_plugstack, check_cli_filter, check_journals, check_nvml)
+CONTROLLER_CHECKS = (check_prolog, check_epilog, check_job_submit, check_cli_filter, check_plugstack,
+                     check_journals, check_daemon)
+
+
+def run(env: Env) -> list[Check]:
+    """Every check for ``env.roles``, in a fixed order, each once."""
+    out = check_config(env) + check_slurm_config(env)
+    done: list = []
+    for role in ROLES:
+        if role not in env.roles:
+            continue
+        for fn in NODE_CHECKS if role == "node" else CONTROLLER_CHECKS:
+            if fn not in done:
+                done.append(fn)
+    for fn in sorted(done, key=lambda f: [*NODE_CHECKS, *CONTROLLER_CHECKS].index(f)):
+        if not env.conf and fn not in (check_journals, check_daemon, check_nvml):
+            out.append(Check(fn.__name__.removeprefix("check_").replace("_", "-"), "SKIP", "no Slurm configuration"))
+            continue
+        out += fn(env)
+    return out
+
+
+def failed(checks: list[Check]) -> bool:
+    return any(c.status == "FAIL" for c in checks)
+
+
+# ------------------------------------------------------------------------- the real environment
+def python_probe(python: str, module: str) -> str | None:
+    """None when ``python -I -c 'import MODULE'`` works (as slurmd would run it), else the error."""
+    try:
+        r = subprocess.run([python, "-I", "-c", f"import {module}"], capture_output=True, text=True,
+                           timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if r.returncode == 0:
+        return None
+    lines = (r.stderr or r.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit status {r.returncode}"
+
+
+def nvml_probe_for(cfg) -> Callable[[str], tuple[bool, str]]:
+    """NVML init and GPU count under the health checks' deadline (``[health] nvml_timeout_s``)."""
+    def probe(node: str) -> tuple[bool, str]:
+        from .health import run_checks
+        try:
+            results = run_checks(cfg, node, only=["gpu_count"])
+        except SlurmFTError as exc:
+            return False, str(exc)
+        nvml = [r for r in results if r.check == "nvml_responsive"]
+        if nvml and nvml[0].status == "fail":
+            return False, nvml[0].measurement
+        count = [r for r in results if r.check == "gpu_count"]
+        return True, (nvml[0].measurement if nvml else "NVML answered") + (
+            f"; {count[0].measurement}" if count else "")
+    return probe
+
+
+def slurm_settings(slurm_conf: str | None, cfg) -> tuple[dict[str, str], str, Path]:
+    """(settings with lower-case keys, where they came from, slurm.conf's directory): ``scontrol
+    show config`` unless ``slurm_conf`` is given, else (or when slurmctld does not answer) the
+    slurm.conf file ($SLURM_CONF, /etc/slurm/slurm.conf)."""
+    if slurm_conf is None:
+        from .config import SlurmConfig
+        from .slurm import Slurm
+        try:
+            s = Slurm.from_config(cfg) if cfg is not None else Slurm(bin_dir=SlurmConfig().bin_dir)
+            conf = lower_keys(s.show_config())
+        except SlurmFTError as exc:
+            conf, why = {}, str(exc)
+        else:
+            where = conf.get("slurm_conf") or os.environ.get("SLURM_CONF") or f"{assets.SLURM_CONF_DIR}/slurm.conf"
+            return conf, "scontrol show config", Path(where).parent
+        slurm_conf = os.environ.get("SLURM_CONF") or f"{assets.SLURM_CONF_DIR}/slurm.conf"
+    else:
+        why = ""
+    path = Path(slurm_conf)
+    try:
+        return parse_slurm_conf(path.read_text(errors="replace")), str(path), path.parent
+    except OSError as exc:
+        return {}, f"{path}: {exc.strerror}" + (f"; scontrol: {why}" if why else ""), path.parent
+
+
+def default_roles(conf: dict[str, str], host: str) -> frozenset[str]:
+    """``controller`` on a SlurmctldHost, else ``node``."""
+    return frozenset({"controller"}) if host in controller_hosts(conf) else frozenset({"node"})
+
+
+def short_host() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]

@@ -1,0 +1,163 @@
+"""What the hang watcher reads besides heartbeats, and the evidence it records for a hang.
+
+Everything here runs in the watcher (root) but touches the job's own things only as the job's
+user or through descriptors: the job's output file is opened by a child process that has become
+the job's user (the descriptor is handed back over a socket; root never resolves the job's path),
+``py-spy`` runs as the job's user (root never parses the job's memory or binaries). NVML and the
+kernel log are root's own, trusted readings.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+from ..slurm import SAFE_PATH
+
+#: Characters of one rank's stack dump kept in the evidence.
+DUMP_CHARS = 4000
+#: Ranks dumped at most (a node rarely runs more than 8).
+MAX_DUMPS = 16
+
+
+# ------------------------------------------------------------------------------ the job's output
+def open_as_user(path: str, uid: int, gid: int) -> int | None:
+    """A read-only descriptor of ``path`` opened by a child that has dropped to ``uid``/``gid``
+    (no supplementary groups, ``O_NOFOLLOW | O_NONBLOCK``), or None when that user may not open
+    it, it is not a regular file of that user, or anything fails. Root only ever fstat()s it."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        pid = os.fork()
+    except OSError:
+        a.close()
+        b.close()
+        return None
+    if pid == 0:  # child: become the user, open, hand the descriptor over, leave
+        code = 1
+        try:
+            a.close()
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            socket.send_fds(b, [b"ok"], [fd])
+            code = 0
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
+    b.close()
+    try:
+        a.settimeout(10.0)
+        _, fds, _, _ = socket.recv_fds(a, 16, 1)
+    except OSError:
+        fds = []
+    finally:
+        a.close()
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    if not fds:
+        return None
+    fd = fds[0]
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+        os.close(fd)
+        return None
+    return fd
+
+
+# ------------------------------------------------------------------------------ GPU utilisation
+def gpu_utilisation(cfg, node: str, gpus: tuple[int, ...] | None) -> dict[int, int]:
+    """Percent utilisation (NVML ``nvmlDeviceGetUtilizationRates().gpu``, averaged by the driver
+    over its last sample period, 1/6 s to 1 s) of the job's GPUs on ``node`` (all GPUs when
+    ``gpus`` is None); {} when NVML cannot tell."""
+    from .. import nvml
+    try:
+        nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.backend == "fake" else None)
+        nv.nvmlInit()
+    except Exception:
+        return {}
+    out = {}
+    try:
+        for index in range(nv.nvmlDeviceGetCount()):
+            if gpus is not None and index not in gpus:
+                continue
+            try:
+                out[index] = int(nv.nvmlDeviceGetUtilizationRates(nv.nvmlDeviceGetHandleByIndex(index)).gpu)
+            except Exception:
+                continue
+    except Exception:
+        return out
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+# ------------------------------------------------------------------------------ stack dumps
+def find_py_spy(configured: str = "") -> str | None:
+    """The py-spy to run: ``[hang] py_spy``, else beside this Python, else /usr/local/bin, /usr/bin.
+    Only a regular file owned by root and not writable by group or others (root starts it)."""
+    for path in ([configured] if configured else
+                 [os.path.join(os.path.dirname(sys.executable), "py-spy"), "/usr/local/bin/py-spy", "/usr/bin/py-spy"]):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022 and st.st_mode & 0o111:
+            return path
+    return None
+
+
+def stack_dump(py_spy: str | None, pid: int, uid: int, gid: int, timeout_s: float) -> str:
+    """``py-spy dump --pid PID`` run as the job's user (it reads only what that user may ptrace),
+    its output cut to :data:`DUMP_CHARS`; a one-line reason when it cannot be had."""
+    if py_spy is None:
+        return "no stack dump: py-spy is not installed (pip install py-spy, or set [hang] py_spy)"
+    try:
+        p = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, errors="replace",
+                           timeout=timeout_s, env={"PATH": SAFE_PATH, "LC_ALL": "C"}, stdin=subprocess.DEVNULL,
+                           user=uid, group=gid, extra_groups=[], cwd="/")
+    except subprocess.TimeoutExpired:
+        return f"no stack dump: py-spy took more than {timeout_s:g} s"
+    except OSError as exc:
+        return f"no stack dump: py-spy could not run ({exc.strerror})"
+    text = (p.stdout if p.returncode == 0 else (p.stderr or p.stdout)).strip()
+    if p.returncode != 0:
+        return f"no stack dump (py-spy exit {p.returncode}): {text.splitlines()[0] if text else ''}"[:DUMP_CHARS]
+    return text[:DUMP_CHARS]
+
+
+# ------------------------------------------------------------------------------ kernel log
+def kernel_verdict(cfg, node: str, gpus: tuple[int, ...] | None, since_mono: float):
+    """The classifier's verdict on this node's kernel log since ``since_mono`` (root's trusted
+    evidence, attributed to the job's GPUs by bus id as the epilog does), or None when the log
+    cannot be read. A hang caused by a GPU that fell off the bus is that hardware fault."""
+    from .. import nvml
+    from ..classify import Evidence, classify, default_policy, from_config, normalise_bus_id
+    from ..classify.sources import read_kmsg
+    from ..errors import SlurmFTError
+    try:
+        lines = read_kmsg(since_mono)
+    except SlurmFTError:
+        return None
+    node_bus = job_bus = None
+    try:
+        nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.backend == "fake" else None)
+        node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
+        if gpus is not None:
+            by_index = {i: b for b, i in node_bus.items()}
+            job_bus = frozenset(by_index[g] for g in gpus if g in by_index)
+    except Exception:
+        return None        # no GPU map: an Xid could not be attributed to this job's GPUs
+    policy = from_config(cfg.classify) if cfg.classify else default_policy()
+    return classify(Evidence(kernel_lines=lines, job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time(),
+                             kernel_records=True), policy)

@@ -1,0 +1,135 @@
+"""A job's processes on this node, found the way root can trust: through slurmstepd.
+
+Every process of a job step descends from that step's ``slurmstepd`` (a root process whose
+command line slurmstepd itself sets to ``slurmstepd: [JOB.STEP]``); the kernel's parent links
+(``/proc/PID/stat``) cannot be forged by the job. So the job's processes are the descendants of
+its stepds, owned by the job's user. A process that double-forks away from its stepd is not
+found (nothing of another job or user ever is).
+
+In the lab several slurmd share one host (and job ids repeat across labs): a stepd belongs to
+this cluster when its ``SLURM_CONF`` is ours (``conf``), and a task to this node when its
+``SLURMD_NODENAME`` is (``node``; the job's own environment, which only decides between the
+job's own processes). On a real node both filters are moot (one slurmd per host; a stepd
+started by systemd's slurmd has no ``SLURM_CONF`` and is always taken as ours).
+
+Reads only ``/proc``; costs one pass over it (a few ms on a busy node): used when acting, not at
+every look of a watcher.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+_STEPD = re.compile(rb"^slurmstepd: \[(\d+)\.([A-Za-z0-9_]+)\]")
+#: Bytes of a process's environment read (a job's environment is its own: bounded).
+ENV_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    uid: int
+    comm: str
+    job: int
+    step: str            # "batch", "0", "1", ... (never "extern": its sleeper is not the job's work)
+
+
+def _stat(pid: str, proc_root: str = "/proc") -> tuple[int, str] | None:
+    """(ppid, comm) from ``/proc/PID/stat`` (comm may hold spaces and parentheses)."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+            data = fh.read(4096)
+    except OSError:
+        return None
+    head, _, tail = data.rpartition(b")")
+    fields = tail.split()
+    if len(fields) < 2:
+        return None
+    comm = head.partition(b"(")[2].decode(errors="replace")
+    try:
+        return int(fields[1]), comm
+    except ValueError:
+        return None
+
+
+def environ(pid: int, proc_root: str = "/proc") -> dict[str, str]:
+    """A process's initial environment (bounded; {} when unreadable)."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as fh:
+            data = fh.read(ENV_LIMIT)
+    except OSError:
+        return {}
+    out = {}
+    for item in data.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode(errors="replace")] = v.decode(errors="replace")
+    return out
+
+
+def scan(job_id: int | None = None, *, conf: str | None = None, node: str | None = None,
+         uid: int | None = None, proc_root: str = "/proc") -> list[Proc]:
+    """The processes of job ``job_id`` (every job when None) on this node, stepds excluded.
+    ``conf``: keep stepds whose ``SLURM_CONF`` is this (None: any); ``node``: keep processes whose
+    ``SLURMD_NODENAME`` is this (None: any); ``uid``: keep processes of this user (None: any)."""
+    parent: dict[int, int] = {}
+    comm: dict[int, str] = {}
+    steps: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        st = _stat(entry, proc_root)
+        if st is None:
+            continue
+        pid = int(entry)
+        parent[pid], comm[pid] = st
+        if st[1] != "slurmstepd":
+            continue
+        try:
+            if os.stat(f"{proc_root}/{entry}").st_uid != 0:
+                continue          # slurmstepd runs as root; anything else named so is not one
+            with open(f"{proc_root}/{entry}/cmdline", "rb") as fh:
+                m = _STEPD.match(fh.read(256))
+        except OSError:
+            continue
+        if not m or m.group(2) == b"extern" or (job_id is not None and int(m.group(1)) != job_id):
+            continue
+        theirs = environ(pid, proc_root).get("SLURM_CONF") if conf is not None else None
+        if theirs is not None and theirs != conf:
+            continue          # another cluster's stepd on this host (the lab); a stepd without it is ours
+        steps[pid] = (int(m.group(1)), m.group(2).decode())
+    children: dict[int, list[int]] = {}
+    for pid, pp in parent.items():
+        children.setdefault(pp, []).append(pid)
+    out: list[Proc] = []
+    for stepd, (job, step) in steps.items():
+        todo = list(children.get(stepd, []))
+        while todo:
+            pid = todo.pop()
+            todo.extend(children.get(pid, []))
+            if pid in steps:
+                continue
+            try:
+                owner = os.stat(f"{proc_root}/{pid}").st_uid
+            except OSError:
+                continue
+            if uid is not None and owner != uid:
+                continue
+            if node is not None and environ(pid, proc_root).get("SLURMD_NODENAME", node) != node:
+                continue
+            out.append(Proc(pid, parent[pid], owner, comm.get(pid, ""), job, step))
+    return sorted(out, key=lambda p: p.pid)
+
+
+def tasks(procs: list[Proc]) -> list[Proc]:
+    """The step tasks (processes of ``srun`` steps), not the batch script's."""
+    return [p for p in procs if p.step != "batch"]
+
+
+def roots(procs: list[Proc]) -> list[Proc]:
+    """The processes whose parent is their stepd: one per task (the rank), or the batch script."""
+    pids = {p.pid for p in procs}
+    return [p for p in procs if p.ppid not in pids]

@@ -1,0 +1,517 @@
+"""The hang watcher: one small root process per hang-watched job and node.
+
+**Started** by the node prolog (``slurm_ft.prolog``) for a job whose SPANK environment asks for
+hang detection (``SPANK_FT_HANG_TIMEOUT``, from ``sbatch --ft-hang-timeout``): the prolog makes
+the job's heartbeat directory (:mod:`slurm_ft.hang.heartbeat`) and starts
+``python -m slurm_ft.hang.watcher`` in a session of its own, detached from slurmd (no inherited
+descriptors), so it survives slurmd restarting (``KillMode=process`` in Debian's slurmd unit) and
+never holds up the prolog. The window itself comes from the job's admin_comment record, fixed at
+submit (``hang_timeout``); the SPANK variable is only the job's hint that there is one.
+
+**Looks** every ``[hang] poll_s`` (30 s; the lab 2 s): the job's heartbeats (progress = a
+heartbeat file's sequence changed; a ``saving`` beat pauses the window up to ``[hang]
+save_max_s``); for jobs with no heartbeat at all, the growth of their output file (a descriptor
+opened as the job's user at start) and their GPUs' utilisation (NVML, at or above ``[hang]
+busy_util_pct`` counts as busy). Each look costs about a millisecond of CPU.
+
+**Window.** No verdict before ``grace_s`` (``[hang] grace_s``, 30 min: model loading, data
+preparation) + the job's ``--ft-hang-timeout`` after the job started on the node; then a hang is
+the window passing with no progress: ``now - max(last progress, start + grace_s) >= timeout``.
+Detection latency: the timeout plus at most one ``poll_s``.
+
+**On a hang** it records a verdict for this attempt on this node: ``hang`` (rule
+``no-progress``), or ``hardware`` when this node's kernel log since the job started holds a
+trusted hardware record for the job's GPUs (the hang's cause; then that node is blamed). The
+evidence: the window and grace, the last heartbeat (step, age, pid) or the output's last growth,
+GPU utilisation, and a ``py-spy dump`` of every local rank (run as the job's user; said so when
+py-spy is missing). The verdict goes to the node journal and to the node's mailbox (the daemon's
+usual path: ``policy.decide`` requeues a ``hang`` within the retry budget and the site's
+unblamed retries, blaming no node). Then (``[hang] act``) it ends the job's processes on this
+node (SIGTERM, then SIGKILL after ``[hang] kill_wait_s``): all of them, so the job ends and is
+requeued; only the step's tasks when the in-place wrapper (``slurm-ft run``) marked the
+directory, so the wrapper restarts the step in the same allocation (and the window starts over,
+grace included).
+
+**Ends** when the prolog's start marker is gone (the epilog removed it), or when Slurm says the
+job no longer runs this attempt here (asked every ``[hang] slurm_check_s``), removing the
+heartbeat directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError, SlurmFTError
+from . import heartbeat as hb
+
+RULE = "no-progress"
+
+
+# ------------------------------------------------------------------------------ the state machine
+@dataclass
+class Sample:
+    """One look: the heartbeats by file name, the output file's size (None: not watched), GPU
+    utilisation by index (percent)."""
+
+    beats: dict[str, hb.Beat] = field(default_factory=dict)
+    output_size: int | None = None
+    util: dict[int, int] = field(default_factory=dict)
+
+
+class Progress:
+    """Whether the job progresses, from successive :class:`Sample` s. Pure (clock passed in):
+    ``start`` (monotonic s) the job's start on the node, ``window_s`` the job's hang timeout,
+    ``grace_s`` before the window opens, ``save_max_s`` the longest pause a ``saving`` beat buys
+    (0: unbounded), ``busy_util_pct`` GPU utilisation that counts (0: never)."""
+
+    def __init__(self, start: float, window_s: float, grace_s: float, save_max_s: float = 0.0,
+                 busy_util_pct: int = 0):
+        self.window_s, self.grace_s, self.save_max_s, self.busy = window_s, grace_s, save_max_s, busy_util_pct
+        self.restart(start)
+
+    def restart(self, start: float) -> None:
+        """A fresh window (a new job start, or a step restarted in place: grace again)."""
+        self.opens = start + self.grace_s
+        self.last = start
+        self.heartbeats = False
+        self.seq: dict[str, int] = {}
+        self.size: int | None = None
+        self.saving = False
+        self.latest: hb.Beat | None = None
+        self.last_growth: float | None = None
+        self.util: dict[int, int] = {}
+
+    def observe(self, now: float, s: Sample) -> bool:
+        """Take one look at time ``now``; returns whether it showed progress (or a save)."""
+        progressed = saving = False
+        if s.beats:
+            self.heartbeats = True
+        if self.heartbeats:
+            for name, b in s.beats.items():
+                if self.seq.get(name) != b.seq:
+                    progressed = True
+                if b.saving and (not self.save_max_s or now - b.since <= self.save_max_s):
+                    saving = True
+                if self.latest is None or b.mono > self.latest.mono:
+                    self.latest = b
+            self.seq = {n: b.seq for n, b in s.beats.items()}
+        else:
+            if s.output_size is not None and self.size is not None and s.output_size != self.size:
+                progressed = True
+                self.last_growth = now
+            if s.output_size is not None:
+                self.size = s.output_size
+            if self.busy and any(u >= self.busy for u in s.util.values()):
+                progressed = True
+        self.util = dict(s.util)
+        self.saving = saving
+        if progressed or saving:
+            self.last = now
+        return progressed or saving
+
+    def quiet_s(self, now: float) -> float:
+        """Seconds without progress that count (never before the window opens)."""
+        return max(0.0, now - max(self.last, self.opens))
+
+    def hung(self, now: float) -> bool:
+        return self.quiet_s(now) >= self.window_s
+
+
+# ------------------------------------------------------------------------------ what is watched
+@dataclass
+class Watch:
+    job_id: int
+    attempt: int
+    node: str
+    uid: int
+    gid: int
+    gpus: tuple[int, ...] | None
+    window_s: float
+    started_mono: float
+    stdout: str | None = None        # the job's output path (expanded), None: not watched
+    conf: str | None = None          # SLURM_CONF of the stepds that are this cluster's (the lab)
+
+
+def window_of(slurm, job_id: int) -> tuple[float | None, int | None, int | None, str]:
+    """(hang timeout s or None, uid, gid, why) from the job's admin_comment record (fixed at
+    submit, docs/ft-token.md); None when the job has none or Slurm cannot tell."""
+    from ..failover.jobspec import from_admin_comment
+    try:
+        job = slurm.job(job_id)
+    except SlurmFTError as exc:
+        return None, None, None, f"job {job_id} unknown to Slurm ({exc})"
+    if job is None:
+        return None, None, None, f"job {job_id} unknown to Slurm"
+    try:
+        opts = from_admin_comment(job.admin_comment)
+    except ConfigError as exc:
+        return None, None, None, f"bad admin_comment record: {exc}"
+    uid, gid = job.raw.get("user_id"), job.raw.get("group_id")
+    if opts is None or not opts.hang_timeout_s:
+        return None, uid, gid, "no --ft-hang-timeout in the job's submit-time record"
+    return float(opts.hang_timeout_s), uid, gid, ""
+
+
+def _marker(cfg, w: Watch) -> str:
+    return os.path.join(cfg.node_state.dir, f"{w.job_id}.{w.node}.json")
+
+
+def pid_file(cfg, job_id: int, node: str) -> str:
+    """Where a watcher notes its pid (root-only ``[node_state] dir``): ``hang-<job>.<node>.pid``."""
+    return os.path.join(cfg.node_state.dir, f"hang-{job_id}.{node}.pid")
+
+
+# ------------------------------------------------------------------------------ the loop
+class Watcher:
+    def __init__(self, cfg, w: Watch, slurm, log, *, clock=time.monotonic, sleep=time.sleep):
+        self.cfg, self.w, self.slurm, self.log, self.clock, self.sleep = cfg, w, slurm, log, clock, sleep
+        self.progress = Progress(w.started_mono, w.window_s, cfg.hang.grace_s, cfg.hang.save_max_s,
+                                 cfg.hang.busy_util_pct)
+        self.dir = hb.job_dir(cfg.heartbeat_root(w.node), w.job_id)
+        self.dir_fd: int | None = None
+        self.out_fd: int | None = None
+        self.ended = False
+        self.verdicts: list = []
+        self.looks = 0
+        self._output_tries = 0
+
+    def open(self) -> None:
+        try:
+            self.dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            self.log(f"heartbeat directory {self.dir} not usable ({exc.strerror}): watching output/GPUs only")
+        self._open_output()
+
+    #: Looks during which a missing output file is tried again (Slurm creates it when the batch
+    #: step starts, a moment after the prolog started the watcher).
+    OUTPUT_TRIES = 30
+
+    def _open_output(self) -> None:
+        if not self.w.stdout or self.out_fd is not None or self._output_tries >= self.OUTPUT_TRIES:
+            return
+        from .evidence import open_as_user
+        self._output_tries += 1
+        self.out_fd = open_as_user(self.w.stdout, self.w.uid, self.w.gid)
+
+    def sample(self) -> Sample:
+        from .evidence import gpu_utilisation
+        self._open_output()
+        beats = {}
+        if self.dir_fd is not None:
+            try:
+                beats = hb.read_dir(self.dir_fd, self.w.uid)
+            except OSError:
+                beats = {}
+        size = None
+        if self.out_fd is not None:
+            try:
+                size = os.fstat(self.out_fd).st_size
+            except OSError:
+                size = None
+        util = {} if beats or self.progress.heartbeats else gpu_utilisation(self.cfg, self.w.node, self.w.gpus)
+        return Sample(beats, size, util)
+
+    def still_here(self, check_slurm: bool) -> bool:
+        if not os.path.exists(_marker(self.cfg, self.w)):
+            return False
+        if not check_slurm:
+            return True
+        try:
+            job = self.slurm.job(self.w.job_id)
+        except SlurmFTError:
+            return True         # Slurm busy or restarting: keep watching
+        if job is None:
+            return False
+        from ..slurm import split_nodes
+        try:
+            nodes = split_nodes(job.nodes)
+        except SlurmFTError:
+            nodes = [self.w.node]
+        return job.state in ("RUNNING", "COMPLETING") and job.restart_count == self.w.attempt and self.w.node in nodes
+
+    def run(self) -> str:
+        """Watch until the job leaves the node; returns why it stopped."""
+        self.open()
+        next_check = self.clock() + self.cfg.hang.slurm_check_s
+        while True:
+            self.sleep(self.cfg.hang.poll_s)
+            now = self.clock()
+            check = now >= next_check
+            if check:
+                next_check = now + self.cfg.hang.slurm_check_s
+            if not self.still_here(check):
+                return "the job left the node"
+            if self.ended:
+                continue
+            self.looks += 1
+            self.progress.observe(now, self.sample())
+            if self.progress.hung(now):
+                self.on_hang(now)
+
+    # ---------------------------------------------------------------------------- a hang
+    def evidence(self, now: float, procs) -> list[str]:
+        from .evidence import MAX_DUMPS, find_py_spy, stack_dump
+        p, w = self.progress, self.w
+        lines = [f"hang watcher on {w.node}: no progress for {p.quiet_s(now):.0f} s (window {w.window_s:.0f} s, "
+                 f"after a grace of {self.cfg.hang.grace_s:.0f} s; looked every {self.cfg.hang.poll_s:g} s)"]
+        if p.latest is not None:
+            b = p.latest
+            lines.append(f"last heartbeat: step {b.step}, {now - b.mono:.0f} s ago, pid {b.pid}"
+                         + (f", saving for {now - b.since:.0f} s" if b.saving else ""))
+        else:
+            grew = f"last grew {now - p.last_growth:.0f} s ago" if p.last_growth else "did not grow while watched"
+            lines.append(f"no heartbeat (the job does not use slurm_ft.checkpoint); output "
+                         f"{'not watched' if self.out_fd is None else grew}")
+        util = p.util or self._util()
+        lines.append("GPU utilisation: " + (", ".join(f"GPU{g} {u}%" for g, u in sorted(util.items()))
+                                            or "not available"))
+        beat_pids = {b.pid for b in (p.latest and [p.latest] or [])}
+        if self.dir_fd is not None:
+            try:
+                beat_pids |= {b.pid for b in hb.read_dir(self.dir_fd, w.uid).values()}
+            except OSError:
+                pass
+        from .procs import roots
+        mine = {q.pid: q for q in procs}
+        ranks = [mine[pid] for pid in sorted(beat_pids) if pid in mine] or \
+            [q for q in roots(procs) if q.comm.startswith("python")] or roots(procs)
+        py_spy = find_py_spy(self.cfg.hang.py_spy)
+        if not ranks:
+            lines.append("no process of the job found on this node")
+        for q in ranks[:MAX_DUMPS]:
+            dump = stack_dump(py_spy, q.pid, w.uid, w.gid, self.cfg.hang.dump_timeout_s)
+            lines.append(f"stack of pid {q.pid} ({q.comm}, step {q.step}):\n{dump}")
+            if py_spy is None:
+                break
+        return lines
+
+    def _util(self) -> dict[int, int]:
+        from .evidence import gpu_utilisation
+        return gpu_utilisation(self.cfg, self.w.node, self.w.gpus)
+
+    def on_hang(self, now: float) -> None:
+        from ..failover import mailbox
+        from ..failover.verdict import NodeVerdict
+        from ..journal import open_node_journal
+        from .evidence import kernel_verdict
+        from .procs import scan, tasks
+        w = self.w
+        procs = scan(w.job_id, conf=w.conf, node=w.node, uid=w.uid)
+        inplace = self.dir_fd is not None and hb.inplace_marked(self.dir_fd, w.uid)
+        lines = self.evidence(now, procs)
+        kv = kernel_verdict(self.cfg, w.node, w.gpus, w.started_mono - 1.0)
+        if kv is not None and kv.verdict == "hardware" and kv.action == "drain_node":
+            v = NodeVerdict.from_classified(kv, job_id=w.job_id, attempt=w.attempt, node=w.node, exit_code=None,
+                                            time=time.time(), source="watcher")
+            v = NodeVerdict(v.job_id, v.attempt, v.verdict, v.rule, v.xids, None, v.time, w.node,
+                            (*lines[:1], *kv.evidence, *lines[1:]), v.action, "watcher")
+        else:
+            v = NodeVerdict(w.job_id, w.attempt, "hang", RULE, (), None, time.time(), w.node, tuple(lines), "retry",
+                            "watcher")
+        self.verdicts.append(v)
+        self.log(f"verdict {v.verdict} ({v.rule}): {lines[0]}")
+        try:
+            with open_node_journal(self.cfg, w.node, spool=True, busy_timeout_s=1.0) as j:
+                j.add_node_verdict(v)
+        except SlurmFTError as exc:
+            self.log(f"verdict not journaled ({exc})")
+        try:
+            if not mailbox.post_verdict(self.cfg, self.slurm, v):
+                self.log("verdict not posted (Slurm refused); kept in this node's outbox")
+        except SlurmFTError as exc:
+            self.log(f"verdict not posted: {exc}")
+        if not self.cfg.hang.act:
+            self.log("[hang] act = false: the job is left running")
+            self.ended = True
+            return
+        targets = tasks(procs) if inplace else procs
+        self.log(f"ending {'the step tasks' if inplace else 'the job processes'} on {w.node}: "
+                 f"{', '.join(str(q.pid) for q in targets) or 'none found'}")
+        end_processes(targets, lambda: scan(w.job_id, conf=w.conf, node=w.node, uid=w.uid),
+                      self.cfg.hang.kill_wait_s, self.sleep)
+        if inplace and targets:
+            self.progress.restart(self.clock())      # the wrapper restarts the step: grace again
+        else:
+            self.ended = True
+
+    def close(self) -> None:
+        for fd in (self.dir_fd, self.out_fd):
+            if fd is not None:
+                os.close(fd)
+        self.dir_fd = self.out_fd = None
+        remove_dir(self.dir)
+
+
+def end_processes(targets, rescan, wait_s: float, sleep=time.sleep) -> None:
+    """SIGTERM ``targets``, then SIGKILL those still there after ``wait_s`` (found again with
+    ``rescan``: a pid is signalled again only while it is still one of the job's processes)."""
+    pids = {q.pid for q in targets}
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not pids & {q.pid for q in rescan()}:
+            return
+        sleep(0.2)
+    for q in rescan():
+        if q.pid in pids:
+            try:
+                os.kill(q.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# ------------------------------------------------------------------------------ the prolog's part
+def secure_root(path: str) -> None:
+    """Create ``path`` (0755) if missing and check it: a real directory owned by root, not
+    writable by group or others, and so is every directory above it (else a user could swap it).
+    Raises :class:`ConfigError`."""
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    p = os.path.abspath(path)
+    while True:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{p}: not a plain directory; refusing to keep heartbeats under it")
+        if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise ConfigError(f"{p}: must be root's and not writable by others ([hang] heartbeat_dir)")
+        if p == "/":
+            return
+        p = os.path.dirname(p)
+
+
+def make_job_dir(root: str, job_id: int, uid: int, gid: int) -> str:
+    """The job's heartbeat directory, fresh (an earlier attempt's is removed): created by root in
+    the root-owned ``root``, then given to the job's user (0700) through its descriptor."""
+    secure_root(root)
+    path = hb.job_dir(root, job_id)
+    remove_dir(path)
+    os.mkdir(path, 0o700)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
+def remove_dir(path: str) -> None:
+    """Remove a job's heartbeat directory (shutil.rmtree works through descriptors and never
+    follows a link the job planted)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def wanted(env: dict) -> bool:
+    """The job's hint that it asked for hang detection (``SPANK_FT_HANG_TIMEOUT``, user-set:
+    the window itself is read from the submit-time record)."""
+    value = env.get("SPANK_FT_HANG_TIMEOUT", "")
+    return value.isdigit() and int(value) > 0
+
+
+def start(cfg, job, env: dict, log) -> int | None:
+    """From the prolog: make the job's heartbeat directory and start the watcher detached.
+    Returns the watcher's pid, or None when the job asked for nothing. Raises ``OSError`` /
+    :class:`ConfigError` (the prolog logs them; a job is never refused for it)."""
+    if not wanted(env) or job.uid is None:
+        return None
+    import pwd
+    try:
+        gid = pwd.getpwuid(job.uid).pw_gid
+    except KeyError:
+        gid = job.uid
+    make_job_dir(cfg.heartbeat_root(job.node), job.job_id, job.uid, gid)
+    argv = [sys.executable, "-m", "slurm_ft.hang.watcher", "--job", str(job.job_id), "--node", job.node,
+            "--attempt", str(job.attempt), "--started-mono", f"{time.monotonic():.3f}"]
+    if job.gpus is not None:
+        argv += ["--gpus", ",".join(map(str, job.gpus))]
+    if cfg.source:
+        argv += ["--config", cfg.source]
+    from ..epilog import expand_output_pattern
+    out = expand_output_pattern(job.stdout, job) if job.stdout else None
+    if out:
+        argv += ["--stdout", out]
+    child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    for key in ("SLURM_CONF", "SLURM_FT_CONFIG"):
+        if env.get(key):
+            child_env[key] = env[key]
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         close_fds=True, start_new_session=True, env=child_env, cwd="/")
+    log(f"hang watcher started (pid {p.pid})")
+    return p.pid
+
+
+# ------------------------------------------------------------------------------ entry point
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m slurm_ft.hang.watcher", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--job", type=int, required=True)
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--attempt", type=int, default=0)
+    ap.add_argument("--gpus", default="")
+    ap.add_argument("--stdout", default=None)
+    ap.add_argument("--started-mono", type=float, default=None)
+    ap.add_argument("--config", default=None)
+    a = ap.parse_args(argv)
+    from .. import config as config_mod
+    from ..nodejob import NodeJob
+    from ..nodelog import NodeLog
+    from ..slurm import Slurm
+    cfg = config_mod.load(a.config)
+    job = NodeJob(a.job, a.node, a.attempt, None, None, None, None, None, None, None)
+    log = NodeLog("hang-watch", job, cfg.node_state.log)
+    slurm = Slurm.from_config(cfg)
+    for _ in range(10):        # the job record may lag the prolog by a moment
+        window, uid, gid, why = window_of(slurm, a.job)
+        if window is not None or uid is not None:
+            break
+        time.sleep(1.0)
+    if window is None or uid is None:
+        log(f"not watching: {why}")
+        remove_dir(hb.job_dir(cfg.heartbeat_root(a.node), a.job))
+        return 0
+    gpus = tuple(int(g) for g in a.gpus.split(",") if g.strip().isdigit()) if a.gpus else None
+    w = Watch(a.job, a.attempt, a.node, uid, gid if gid is not None else uid, gpus, window,
+              a.started_mono if a.started_mono is not None else time.monotonic(), a.stdout,
+              os.environ.get("SLURM_CONF"))
+    pidf = pid_file(cfg, a.job, a.node)
+    try:
+        fd = os.open(pidf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+    except OSError:
+        pidf = ""
+    watcher = Watcher(cfg, w, slurm, log)
+    log(f"watching: window {window:.0f} s after a grace of {cfg.hang.grace_s:.0f} s, a look every "
+        f"{cfg.hang.poll_s:g} s")
+    try:
+        why = watcher.run()
+    finally:
+        watcher.close()
+        if pidf:
+            try:
+                os.unlink(pidf)
+            except OSError:
+                pass
+    log(f"stopped: {why} ({watcher.looks} looks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

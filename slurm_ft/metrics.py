@@ -1,0 +1,240 @@
+"""Prometheus metrics of slurm-ft, computed from the daemon journal (and ``sinfo`` for the nodes
+out of service) at each scrape or textfile write: ``slurm-ft metrics`` (docs/install.md).
+
+Nothing here is kept in memory between scrapes: the journal is the record, so the numbers are
+the same whichever host or process computes them, and survive daemon restarts. Counters count
+journal rows (monotonic while the journal is kept).
+
+======================================== ======= ==============================================
+metric                                   type    labels / meaning
+======================================== ======= ==============================================
+slurm_ft_verdicts_total                  counter class, rule: verdicts recorded
+slurm_ft_failovers_total                 counter class, rule, blamed (yes/no): failovers done
+slurm_ft_failovers_failed_total          counter failovers Slurm refused (internal-error)
+slurm_ft_decisions_total                 counter decision: non-failover decisions (user-error,
+                                                 failed, max-retries-exceeded, evacuate, ...)
+slurm_ft_drains_total                    counter outcome of the daemon's drains: drained,
+                                                 already-drained (the epilog drained it first),
+                                                 kept-admin-reason, breaker-open, failed
+slurm_ft_evacuations_total               counter requeues for evacuations (not faults)
+slurm_ft_continuations_total             counter requeues at the time limit after a save
+slurm_ft_max_retries_exceeded_total      counter jobs whose retry budget ran out
+slurm_ft_jobs                            gauge   ft_state: ft-enabled jobs per ft state
+slurm_ft_breaker_open                    gauge   1 while the circuit breaker is open
+slurm_ft_daemon_heartbeat_age_seconds    gauge   seconds since the daemon's last cycle
+slurm_ft_daemon_up                       gauge   1 when that heartbeat is fresh
+slurm_ft_nodes_out_of_service            gauge   category: fault, health, admin, slurm (sinfo)
+slurm_ft_time_to_recover_seconds         histo.  fault (attempt end) to the next attempt's start
+slurm_ft_journal_readable                gauge   0 when the journal could not be read
+slurm_ft_slurm_up                        gauge   0 when sinfo failed (node gauges then absent)
+======================================== ======= ==============================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from . import daemonlock
+from .errors import SlurmFTError
+
+log = logging.getLogger("slurm_ft.metrics")
+#: Upper bounds (seconds) of the time-to-recover histogram: the lab recovers in about a second,
+#: an unblamed retry keeps Slurm's 121 s requeue delay, a held job may wait for an admin.
+RECOVER_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 130.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
+_DRAIN_SKIPS = ("already-drained", "kept-admin-reason", "breaker-open")
+
+
+def _drain_outcome(status: str, detail: str) -> str:
+    if status == "done":
+        return "drained"
+    if status == "failed":
+        return "failed"
+    head = (detail or "").split(":", 1)[0]
+    if head in _DRAIN_SKIPS:
+        return head
+    return "breaker-open" if "breaker" in (detail or "") else status or "unknown"
+
+
+def journal_counts(journal) -> dict:
+    """Every journal-derived number, as plain data (tests read this directly)."""
+    db = journal.db
+    out: dict = {}
+    out["verdicts"] = Counter({(r["verdict"], r["rule"]): r["n"] for r in db.query(
+        "SELECT verdict, rule, count(*) AS n FROM verdicts GROUP BY verdict, rule")})
+    first_fault: dict[tuple[int, int], tuple[str, str]] = {}
+    for r in db.query("SELECT job_id, attempt, verdict, rule FROM verdicts WHERE verdict != 'ok' ORDER BY id"):
+        key = (r["job_id"], r["attempt"])
+        if key not in first_fault or (r["verdict"] == "hardware" and first_fault[key][0] != "hardware"):
+            first_fault[key] = (r["verdict"], r["rule"])     # the attempt's hardware verdict, else its first
+    failovers: Counter = Counter()
+    failed = 0
+    recovered_from: list[tuple[int, int]] = []
+    for a in db.query("SELECT job_id, attempt, detail, status FROM actions WHERE action = 'failover'"):
+        try:
+            detail = json.loads(a["detail"] or "{}")
+        except ValueError:
+            detail = None
+        if not isinstance(detail, dict):      # an evacuation's requeue (plain-text detail): not a fault
+            continue
+        if a["status"] == "failed":
+            failed += 1
+            continue
+        if a["status"] != "done":
+            continue
+        cls, rule = first_fault.get((a["job_id"], a["attempt"]), ("unknown", "unknown"))
+        failovers[(cls, rule, "yes" if detail.get("blamed") else "no")] += 1
+        recovered_from.append((a["job_id"], a["attempt"]))
+    out["failovers"], out["failovers_failed"] = failovers, failed
+    decisions: Counter = Counter()
+    for r in db.query("SELECT detail FROM actions WHERE action = 'decide'"):
+        decisions[(r["detail"] or "").split(":", 1)[0].strip() or "unknown"] += 1
+    out["decisions"] = decisions
+    out["drains"] = Counter(_drain_outcome(r["status"], r["detail"]) for r in db.query(
+        "SELECT status, detail FROM actions WHERE action = 'drain' AND status NOT IN ('intent', 'abandoned')"))
+    count = lambda action: db.execute(  # noqa: E731
+        "SELECT count(*) FROM actions WHERE action = ? AND status = 'done'", [action]).fetchone()[0]
+    out["evacuations"], out["continuations"] = count("evacuation"), count("continue")
+    out["jobs"] = Counter({r["ft_state"] or "unknown": r["n"] for r in db.query(
+        "SELECT ft_state, count(*) AS n FROM jobs WHERE ft_enabled = 1 OR ft_enabled IS NULL GROUP BY ft_state")})
+    out["max_retries"] = db.execute("SELECT count(*) FROM jobs WHERE ft_state = 'max-retries-exceeded'").fetchone()[0]
+    attempts = {(r["job_id"], r["attempt"]): r for r in db.query("SELECT job_id, attempt, start, end FROM attempts")}
+    recover = []
+    for job_id, attempt in recovered_from:
+        ended, nxt = attempts.get((job_id, attempt)), attempts.get((job_id, attempt + 1))
+        if ended and nxt and ended["end"] and nxt["start"] and nxt["start"] >= ended["end"]:
+            recover.append(nxt["start"] - ended["end"])
+    out["time_to_recover"] = recover
+    out["breaker_open"] = journal.breaker_latched() is not None
+    return out
+
+
+def _histogram(name: str, doc: str, values: list[float], buckets=RECOVER_BUCKETS) -> HistogramMetricFamily:
+    counts = [(str(b), sum(1 for v in values if v <= b)) for b in buckets]
+    counts.append(("+Inf", len(values)))
+    return HistogramMetricFamily(name, doc, buckets=counts, sum_value=float(sum(values)))
+
+
+class JournalCollector(Collector):
+    """Computes every metric at each ``collect()`` from the config's daemon journal and, if
+    ``slurm`` is given, ``sinfo`` (nodes out of service by who took them out)."""
+
+    def __init__(self, cfg, slurm=None, now=time.time):
+        self.cfg, self.slurm, self.now = cfg, slurm, now
+
+    def collect(self):
+        from .journal import open_daemon_journal
+        cfg = self.cfg
+        readable = GaugeMetricFamily("slurm_ft_journal_readable", "1 when the daemon journal could be read")
+        try:
+            with open_daemon_journal(cfg, readonly=True) as j:
+                c = journal_counts(j)
+        except Exception as exc:  # noqa: BLE001 - a scrape reports (journal_readable 0), never crashes
+            log.error("metrics: %s: %s", cfg.journal.path, exc)
+            readable.add_metric([], 0)
+            c = None
+        else:
+            readable.add_metric([], 1)
+        yield readable
+        if c is not None:
+            yield from self._journal_metrics(c)
+        yield from self._daemon_metrics()
+        if self.slurm is not None:
+            yield from self._node_metrics()
+
+    def _journal_metrics(self, c: dict):
+        m = CounterMetricFamily("slurm_ft_verdicts", "Verdicts recorded, by class and rule", labels=["class", "rule"])
+        for (cls, rule), n in sorted(c["verdicts"].items()):
+            m.add_metric([cls, rule], n)
+        yield m
+        m = CounterMetricFamily("slurm_ft_failovers", "Failovers done, by the verdict's class and rule and "
+                                "whether a node was blamed", labels=["class", "rule", "blamed"])
+        for (cls, rule, blamed), n in sorted(c["failovers"].items()):
+            m.add_metric([cls, rule, blamed], n)
+        yield m
+        yield CounterMetricFamily("slurm_ft_failovers_failed", "Failovers Slurm refused (ft state internal-error)",
+                                  value=c["failovers_failed"])
+        m = CounterMetricFamily("slurm_ft_decisions", "Decisions other than a failover", labels=["decision"])
+        for d, n in sorted(c["decisions"].items()):
+            m.add_metric([d], n)
+        yield m
+        m = CounterMetricFamily("slurm_ft_drains", "Drains slurm-ft decided on, by outcome", labels=["outcome"])
+        for o, n in sorted(c["drains"].items()):
+            m.add_metric([o], n)
+        yield m
+        yield CounterMetricFamily("slurm_ft_evacuations", "Requeues for evacuations (not faults)",
+                                  value=c["evacuations"])
+        yield CounterMetricFamily("slurm_ft_continuations", "Requeues at the time limit after an exit checkpoint",
+                                  value=c["continuations"])
+        yield CounterMetricFamily("slurm_ft_max_retries_exceeded", "Jobs whose retry budget ran out",
+                                  value=c["max_retries"])
+        m = GaugeMetricFamily("slurm_ft_jobs", "ft-enabled jobs in the journal, by ft state", labels=["ft_state"])
+        for s, n in sorted(c["jobs"].items()):
+            m.add_metric([s], n)
+        yield m
+        yield GaugeMetricFamily("slurm_ft_breaker_open", "1 while the circuit breaker on drains is open",
+                                value=1 if c["breaker_open"] else 0)
+        yield _histogram("slurm_ft_time_to_recover_seconds",
+                         "Seconds from a faulted attempt's end to the next attempt's start (failovers)",
+                         c["time_to_recover"])
+
+    def _daemon_metrics(self):
+        hb = daemonlock.read_heartbeat(self.cfg.journal.path)
+        age = GaugeMetricFamily("slurm_ft_daemon_heartbeat_age_seconds",
+                                "Seconds since the daemon's last cycle (NaN: no heartbeat)")
+        up = GaugeMetricFamily("slurm_ft_daemon_up", "1 when the daemon's heartbeat is fresh")
+        if hb is None:
+            age.add_metric([], math.nan)
+            up.add_metric([], 0)
+        else:
+            a = max(0.0, self.now() - hb["time"])
+            age.add_metric([], a)
+            up.add_metric([], 1 if a <= daemonlock.stale_after(self.cfg.failover.poll_interval_s) else 0)
+        yield age
+        yield up
+
+    def _node_metrics(self):
+        from .report.collect import CATEGORIES, reason_category
+        up = GaugeMetricFamily("slurm_ft_slurm_up", "1 when sinfo answered")
+        try:
+            nodes = self.slurm.nodes()
+        except SlurmFTError as exc:
+            log.error("metrics: sinfo: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        counts = Counter()
+        for n in nodes:
+            if n.drained or n.state.lower().startswith(("down", "drain", "fail")):
+                counts[reason_category(n.reason)] += 1
+        m = GaugeMetricFamily("slurm_ft_nodes_out_of_service", "Nodes drained or down now, by who took them out",
+                              labels=["category"])
+        for cat in CATEGORIES:
+            m.add_metric([cat], counts.get(cat, 0))
+        yield m
+
+
+def registry(cfg, slurm=None) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(JournalCollector(cfg, slurm))
+    return reg
+
+
+def exposition(cfg, slurm=None) -> str:
+    """The metrics in Prometheus' text format."""
+    from prometheus_client import generate_latest
+    return generate_latest(registry(cfg, slurm)).decode()
+
+
+def write_textfile(path: str, cfg, slurm=None) -> None:
+    """Write the metrics for node_exporter's textfile collector (temp file + rename)."""
+    from prometheus_client import write_to_textfile
+    write_to_textfile(path, registry(cfg, slurm))
