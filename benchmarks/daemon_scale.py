@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import random
 import re
 import statistics
 import subprocess
@@ -97,6 +98,19 @@ def fill(env, count: int, log) -> float:
     return time.monotonic() - t
 
 
+class CountingSlurm(Slurm):
+    """The daemon's own Slurm commands, counted (``squeue``, ``sinfo``, ``scontrol show``, ...)."""
+
+    def __init__(self, conf: str):
+        super().__init__(conf=conf)
+        self.counts: dict[str, int] = {}
+
+    def run(self, cmd, *args, **kw):
+        key = " ".join([cmd, *args[:1]]) if cmd == "scontrol" else cmd
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return super().run(cmd, *args, **kw)
+
+
 class Loop(threading.Thread):
     """The daemon's loop in a thread (Daemon.run wants the main thread for its SIGTERM handler)."""
 
@@ -126,11 +140,13 @@ def run_daemon(cfg, slurm, env, window_s: float, failovers: int, lab, log) -> di
     """One daemon (``cfg``) for ``window_s`` seconds (RPCs, cycles, user latency), then failovers."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = dataclasses.replace(cfg, journal=dataclasses.replace(cfg.journal, path=f"{tmp}/daemon.db"))
-        loop = Loop(cfg, slurm)
+        counting = CountingSlurm(slurm.conf)
+        loop = Loop(cfg, counting)
         loop.start()
         while not loop.cycles:                      # the start-up scan
             time.sleep(0.2)
         first = loop.cycles[0][0]
+        counts0 = dict(counting.counts)
         before = sdiag(env)
         t0 = time.monotonic()
         time.sleep(window_s / 2)
@@ -138,8 +154,10 @@ def run_daemon(cfg, slurm, env, window_s: float, failovers: int, lab, log) -> di
         time.sleep(max(0.0, window_s / 2 - (time.monotonic() - t0 - window_s / 2)))
         after = sdiag(env)
         elapsed = time.monotonic() - t0
+        calls = {k: v - counts0.get(k, 0) for k, v in counting.counts.items() if v - counts0.get(k, 0)}
         # the user-latency probes are RPCs too: measured with the baseline's probes, subtracted there
-        out = {"rpc": rpcs(before, after), "elapsed": elapsed, "first_cycle_s": first, "squeue_s": sq, "sbatch_s": sb}
+        out = {"rpc": rpcs(before, after), "elapsed": elapsed, "first_cycle_s": first, "squeue_s": sq, "sbatch_s": sb,
+               "calls": " ".join(f"{k.replace(' ', '_')}:{v}" for k, v in sorted(calls.items()))}
         steady = [c for c, full in loop.cycles[1:] if not full]
         fulls = [c for c, full in loop.cycles[1:] if full]
         out["cycle_median_s"] = statistics.median(steady) if steady else float("nan")
@@ -149,6 +167,7 @@ def run_daemon(cfg, slurm, env, window_s: float, failovers: int, lab, log) -> di
         for i in range(failovers):
             sub = submit_training(lab, steps=400, extra=["-x", NOT_FT])
             first_run = wait_started(slurm, sub, timeout_s=120)
+            time.sleep(random.uniform(0, 1.0))     # off the phase of slurmctld's 1 s scheduling tick
             inject_xid(first_run.nodes, 79, job_gpu_index(slurm, sub.job_id))
             t = time.monotonic()
             again = slurm.wait_job(sub.job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1
@@ -213,12 +232,14 @@ def main() -> int:
                 f"cycle_max_s={ev['cycle_max_s']:.3f} full_scan_s={ev['full_scan_s']:.3f} "
                 f"first_cycle_s={ev['first_cycle_s']:.3f} squeue_s={ev['squeue_s']:.3f} sbatch_s={ev['sbatch_s']:.3f} "
                 f"failover_median_s={ev['failover_median_s']:.2f} daemon_cpu_s={ev['cpu_s']:.1f}")
+            log(f"size={size} event_daemon_commands_in_window({ev['elapsed']:.0f}s)={ev['calls']}")
             poll_cfg = dataclasses.replace(cfg, failover=dataclasses.replace(cfg.failover, scan_interval_s=0.0))
             po = run_daemon(poll_cfg, slurm, env, args.poll_window, 1, lab, log)
             p_rate = max(0.0, po["rpc"] / po["elapsed"] - base_rate)
-            log(f"size={size} poll_daemon_rpc_per_min={p_rate * 60:.1f} cycle_median_s={po['cycle_median_s']:.3f} "
+            log(f"size={size} poll_daemon_rpc_per_min={p_rate * 60:.1f} cycle_median_s={po['full_scan_s']:.3f} "
                 f"squeue_s={po['squeue_s']:.3f} sbatch_s={po['sbatch_s']:.3f} "
                 f"failover_median_s={po['failover_median_s']:.2f}")
+            log(f"size={size} poll_daemon_commands_in_window({po['elapsed']:.0f}s)={po['calls']}")
             last = d_rate
     finally:
         subprocess.run(["/usr/bin/scancel", "-u", LAB_USER], env=env, timeout=600)

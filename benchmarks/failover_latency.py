@@ -8,6 +8,7 @@ Target (issue 5): median <= 10 s (Slurm's bare requeue delay alone: 121 s).
 """
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -26,15 +27,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=str(DEFAULT_DIR))
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--jitter", type=float, default=1.0,
+                    help="random pause (0..s) before each fault: slurmctld starts jobs on a 1 s tick, and a "
+                         "fault at a fixed delay after a start would always meet the same phase of it")
     args = ap.parse_args()
     lab = Lab(args.dir)
-    lab.up(nodes=3, daemon=True, log=lambda *_: None)
+    lab.up(nodes=args.nodes, daemon=True, log=lambda *_: None)
+    rng = random.Random(5)
     slurm = Slurm(conf=str(lab.lay.slurm_conf))
     running, started = [], []
     for i in range(args.runs):
         reset_nodes(lab, slurm)
         sub = submit_training(lab, steps=400)
         first = wait_started(slurm, sub)
+        time.sleep(rng.uniform(0, args.jitter))
         inject_xid(first.nodes, 79, job_gpu_index(slurm, sub.job_id))
         t0 = time.monotonic()
         again = slurm.wait_job(sub.job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1

@@ -11,8 +11,8 @@ Invariants, checked after every step:
 - no job is requeued twice for one attempt (Slurm's own count, in the fake);
 - no attempt has two ``failover`` rows in the journal (one decision per attempt);
 - bounded Slurm calls per job per minute;
-- a cycle never raises anything but a SlurmFTError of a whole-cluster read (``run()`` logs those
-  and goes on); never a per-job error.
+- a cycle never raises (a refused or timed-out call, a failed full scan, a locked journal: logged,
+  retried later; ``run()`` would survive even that).
 
 And at the end, after the faults are lifted and time passes (quiescence): every hardware verdict
 of an ft job was acted on exactly once (a failover or a final decision, never none, never two),
@@ -35,7 +35,6 @@ from hypothesis import HealthCheck, event, settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from daemon_world import INFRA, USER, XID79, World
-from slurm_ft.errors import SlurmFTError
 from slurm_ft.failover import mailbox
 from slurm_ft.testing.fake_slurm import Crash
 
@@ -219,9 +218,7 @@ class DaemonStateMachine(RuleBasedStateMachine):
             self.alive = False           # SIGKILL: nothing of it runs any more until restarted
             self.kills += 1
             self.slurm.crash_at = None
-        except SlurmFTError as exc:
-            # only a whole-cluster read may fail a cycle (run() logs it and goes on)
-            assert any(w in str(exc) for w in ("squeue", "sinfo", "Unable to contact", "timed out")), exc
+        # anything else fails the test: a cycle never raises, whatever Slurm or the journal do
 
     # ------------------------------------------------------------------ invariants
     @invariant()

@@ -101,7 +101,7 @@ def test_start_time_now_only_while_waiting_on_the_requeue_delay_and_bounded():
     assert m.plan(job(**pend), facts(state=policy.FAILOVER, actions=requeued + tries), view()) == []
     # out of the delay: requeued
     out = m.plan(job(**{**pend, "eligible_time": int(NOW)}), facts(state=policy.FAILOVER, actions=requeued), view())
-    assert kinds(out) == ["Eligible"]
+    assert kinds(out) == ["Eligible", "Wake"]   # looked at again each second until it runs
 
 
 def test_restart_waits_until_the_requeuer_has_set_the_exclusions():

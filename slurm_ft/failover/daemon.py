@@ -45,6 +45,11 @@ from .options import trusted_options
 log = logging.getLogger("slurm_ft.daemon")
 #: Seconds a daemon journal write may wait for another process's lock before it is spooled.
 JOURNAL_BUSY_S = 0.2
+#: A full scan (every job) every ``scan_interval_s``, but never more often than every SCAN_SHARE
+#: times its own duration: a queue of 50,000 jobs makes one take seconds of slurmctld's time.
+SCAN_SHARE = 20.0
+#: Seconds before a full scan that failed (slurmctld restarting, a timeout) is tried again.
+FULL_SCAN_RETRY_S = 10.0
 #: Longest pause (seconds) before a job whose handling failed is looked at again.
 MAX_BACKOFF_S = 60.0
 #: Actions after which the job's Slurm record has changed (planned again at once).
@@ -79,6 +84,7 @@ class Daemon:
         self._next_scan = 0.0
         self._next_nodes = 0.0
         self._all: list[Job] | None = None                     # this cycle's full scan, if any
+        self.cycle_errors: list[str] = []                      # Slurm/journal trouble this cycle (logged, retried)
 
     # ------------------------------------------------------------------ loop
     def run(self, once: bool = False) -> None:
@@ -92,7 +98,9 @@ class Daemon:
             ok = False
             try:
                 self.cycle()
-                ok = True
+                ok = not self.cycle_errors
+                if once and self.cycle_errors:
+                    raise SlurmFTError(self.cycle_errors[0])   # `daemon --once` as a check: exit 1
             except SlurmFTError as exc:
                 log.error("cycle failed: %s", exc)
                 if once:
@@ -101,7 +109,8 @@ class Daemon:
                 log.exception("cycle failed unexpectedly (retried next cycle)")
                 if once:
                     raise
-            daemonlock.beat(self.cfg, ok=ok)
+            finally:
+                daemonlock.beat(self.cfg, ok=ok)
             if once:
                 return
             time.sleep(max(0.0, self.cfg.failover.poll_interval_s - (time.monotonic() - t0)))
@@ -112,12 +121,14 @@ class Daemon:
         now = self.clock()
         fcfg = self.cfg.failover
         self._all = None
+        self.cycle_errors = []
         try:
             self.journal.flush()
             self.breaker_latched = self.journal.breaker_latched()  # `slurm-ft breaker reset` closes it
             intents = self.journal.pending_intents()
         except SlurmFTError as exc:
             log.error("journal: %s", exc)
+            self.cycle_errors.append(f"journal: {exc}")
             intents = []
         full = fcfg.scan_interval_s == 0 or now >= self._next_scan
         targets: set[int] = set()
@@ -129,10 +140,20 @@ class Daemon:
         # 1. jobs first ...
         jobs: dict[int, Job | None] = {}
         if full:
-            self._all = self.slurm.jobs()   # a failure here fails the cycle: retried next cycle
+            t_scan = time.monotonic()
+            try:
+                self._all = self.slurm.jobs()
+            except SlurmFTError as exc:     # the full scan waits; this cycle's own jobs do not
+                log.error("full scan: %s (retried in %g s)", exc, FULL_SCAN_RETRY_S)
+                self.cycle_errors.append(f"full scan: {exc}")
+                self._next_scan = now + FULL_SCAN_RETRY_S
+                full = False
+        if full:
             jobs = {j.job_id: j for j in self._all}
             self.top_priority = steps.top_priority(self._all, self.boosted)
-            self._next_scan = now + fcfg.scan_interval_s
+            # at most 1/SCAN_SHARE of the time in full scans, however long the queue
+            self._next_scan = now + max(fcfg.scan_interval_s, SCAN_SHARE * (time.monotonic() - t_scan)) \
+                if fcfg.scan_interval_s else now
             jobs.update({j: None for j in targets if j not in jobs})
         else:
             for jid in sorted(targets):
@@ -146,6 +167,7 @@ class Daemon:
                 fresh = self.ingest_mailboxes(self.nodes)
             except SlurmCommandError as exc:
                 log.error("nodes: %s", exc)
+                self.cycle_errors.append(f"nodes: {exc}")
             for jid in sorted((fresh | self._health_candidates()) - set(jobs)):
                 if self._backoff.get(jid, 0.0) <= now:
                     self._read(jid, jobs)

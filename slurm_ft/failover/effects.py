@@ -21,6 +21,7 @@ from ..slurm import Job, split_nodes
 from . import machine as m
 from . import policy, steps
 from .options import admin_comment
+from .verdict import NodeVerdict
 
 log = logging.getLogger("slurm_ft.daemon")
 
@@ -132,9 +133,9 @@ class Effects:
 
     def _node_fail_verdicts(self, job, attempt: int, nodes, slurm_state: str) -> None:
         for node in nodes:   # no epilog ran on a lost node: Slurm's word is the verdict
-            self.journal.add_verdict(job.job_id, attempt, node, "hardware", "slurm-node-fail", [],
-                                     [f"Slurm: node {node} not responding (job state {slurm_state})"],
-                                     "drain_node", source="daemon")
+            self.journal.add_node_verdict(NodeVerdict(
+                job.job_id, attempt, "hardware", "slurm-node-fail", (), None, self.d.clock(), node,
+                (f"Slurm: node {node} not responding (job state {slurm_state})",), "drain_node", "daemon"))
 
     def _AdminRequeue(self, job, a, opts) -> None:
         # an admin's requeue (often with the node drained for maintenance): an evacuation, not a
@@ -276,7 +277,7 @@ class Effects:
         if intent["action"] == "failover":
             detail = json.loads(intent["detail"] or "{}")
             self.failover(job, attempt, detail.get("reason", ""), tuple(detail.get("blamed", [])),
-                          tuple(self.journal.verdicts(job.job_id, attempt)), intent["id"])
+                          tuple(self.journal.node_verdicts(job.job_id, attempt)), intent["id"])
         elif intent["action"] == "release":
             self.release(job, attempt, split_nodes(intent["target"]), intent["id"])
         else:

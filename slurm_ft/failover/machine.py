@@ -49,6 +49,9 @@ INFINITE_MINUTES = 0xFFFFFFFE
 #: Seconds of slack, besides the job's --ft-ckpt-wait, between the time-limit checkpoint signal
 #: and the limit (the requeue itself takes ~1 s; slurmctld ends jobs at or after the limit).
 TIME_LIMIT_MARGIN_S = 10.0
+#: Seconds after a requeued job became eligible during which the daemon looks at it every second
+#: (it usually starts within them); afterwards only the periodic full scan does.
+STARTING_WATCH_S = 30.0
 #: ``StartTime=now`` tries per attempt (one suffices once the job has left COMPLETING).
 MAX_START_TRIES = 3
 #: Seconds between two ``StartTime=now`` tries of one attempt.
@@ -342,7 +345,12 @@ def _restart(job: Job, f: Facts, v: View, state: str) -> list[Action]:
     eligible = job.raw.get("eligible_time")
     eligible = eligible.get("number") if isinstance(eligible, dict) else eligible
     if eligible and eligible <= v.now + 3:
-        return [Eligible(job.job_id, attempt)] if state == policy.FAILOVER else []
+        out: list[Action] = [Eligible(job.job_id, attempt)] if state == policy.FAILOVER else []
+        if v.now - eligible < STARTING_WATCH_S:
+            # a freed job usually starts within seconds: look again soon so ft-history and the
+            # AdminComment say it runs (later, the periodic full scan notices it)
+            out.append(Wake(job.job_id, attempt, v.now + 1.0, "eligible, waiting to start"))
+        return out
     if not any(a["status"] == "done" for a in f.acts(attempt - 1, "failover", "evacuation", "continue")):
         # whoever requeued it (this daemon before a crash, `slurm-ft drain --checkpoint`) has not
         # set its exclusions yet: a job started now would run where it must not
@@ -370,6 +378,14 @@ def _restart_at(f: Facts, state: str, now: float) -> tuple[str | None, float | N
             return "now", None
         return None, (done[-1] + CONTINUE_SETTLE_S) if done else None
     if state == policy.EVACUATED:
+        # a requeue that excluded no node (an admin's, or the job's own: submitit's `scontrol
+        # requeue` on USR2) may restart on the node it left: as for a continuation, let the
+        # revoked credential's second pass first ("Job credential revoked", measured)
+        done = [a for a in f.actions if a["action"] == "evacuation"]
+        if done and not done[-1]["target"]:
+            if now - done[-1]["created"] >= CONTINUE_SETTLE_S:
+                return "now", None
+            return None, done[-1]["created"] + CONTINUE_SETTLE_S
         return "now", None
     kinds = f.failover_kinds()
     return (None, None) if kinds and kinds[-1] == "unblamed" else ("now", None)

@@ -349,8 +349,8 @@ class Lab:
         """Start the lab (idempotent). Raises :class:`LabError` with the daemon's log tail."""
         if os.geteuid() != 0:
             raise LabError("the lab runs Slurm daemons as root: run as root")
-        if not 1 <= nodes <= L.MAX_NODES:
-            raise LabError(f"--nodes must be 1..{L.MAX_NODES}, got {nodes}")
+        if not 1 <= nodes <= L.MAX_LAB_NODES:
+            raise LabError(f"--nodes must be 1..{L.MAX_LAB_NODES}, got {nodes}")
         check_lab_dir(self.lay.dir, create=True)  # before its state file is trusted or anything is written
         for exe in (f"{SBIN}/slurmctld", f"{SBIN}/slurmd", f"{SBIN}/munged", f"{BIN}/sinfo"):
             if not os.access(exe, os.X_OK):

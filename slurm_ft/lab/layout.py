@@ -16,7 +16,10 @@ DEFAULT_DIR = Path("/var/tmp/slurm-ft-lab")
 #: second lab out of the way). The lab's MariaDB listens on a unix socket only.
 DEFAULT_PORT_BASE = 16800
 GPUS_PER_NODE = 2
+#: Nodes ``lab up --nodes`` allows (a bigger lab: ``Lab.up(nodes=...)`` up to :data:`MAX_LAB_NODES`,
+#: benchmarks/daemon_fleet.py). Node numbers above 15 put their GPUs in PCI domain ``nK // 16``.
 MAX_NODES = 15
+MAX_LAB_NODES = 64
 
 
 def repo_root() -> Path:
@@ -83,8 +86,9 @@ def node_names(count: int) -> list[str]:
 
 
 def bus_id(node_no: int, gpu: int) -> str:
-    """NVML-style PCI bus id of lab GPU ``gpu`` on node ``n{node_no}``."""
-    return f"00000000:{node_no * 16 + gpu:02X}:00.0"
+    """NVML-style PCI bus id of lab GPU ``gpu`` on node ``n{node_no}`` (n1 GPU0: ``00000000:10:00.0``;
+    n17 GPU1: ``00000001:11:00.0``): unique per node and GPU, in the one kernel log all lab nodes share."""
+    return f"{node_no // 16:08X}:{(node_no % 16) * 16 + gpu:02X}:00.0"
 
 
 def node_number(node: str) -> int:
