@@ -130,7 +130,7 @@ class Loop(threading.Thread):
                 self.d.cycle()
             except Exception as exc:  # noqa: BLE001 - a benchmark reports, never dies
                 print(f"# cycle failed: {exc}", flush=True)
-            self.cycles.append((time.monotonic() - t, self.d._all is not None))
+            self.cycles.append((time.monotonic() - t, self.d._rows is not None))
             self.cpu = time.thread_time() - cpu0
             self.stop.wait(max(0.0, self.poll_s - (time.monotonic() - t)))
         self.d.journal.close()
@@ -194,26 +194,34 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=120.0, help="seconds each daemon is measured")
     ap.add_argument("--poll-window", type=float, default=30.0, help="seconds the full-scan-every-cycle daemon runs")
     ap.add_argument("--failovers", type=int, default=3)
-    ap.add_argument("--keep", action="store_true", help="leave the lab running")
+    ap.add_argument("--keep", action="store_true", help="leave the lab (and its queue) running")
+    ap.add_argument("--reuse", action="store_true", help="use the running lab and the jobs it has queued")
     args = ap.parse_args()
     log = lambda s: print(s, flush=True)  # noqa: E731
     sizes = [int(s) for s in args.sizes.split(",")]
     lab = Lab(args.dir, args.port_base)
     lab_dir = Path(args.dir)
-    if lab.status().get("running"):
+    reuse = args.reuse and lab.status().get("running")
+    if lab.status().get("running") and not reuse:
         lab.down(log=lambda *_: None)
-    lab_dir.mkdir(mode=0o755, exist_ok=True)
-    (lab_dir / "slurm.conf.local").write_text(f"MaxJobCount={max(sizes) + 10000}\nMaxArraySize={max(sizes) + 1}\n")
-    lab.up(nodes=15, daemon=False, log=lambda *_: None)
+    if not reuse:
+        lab_dir.mkdir(mode=0o755, exist_ok=True)
+        (lab_dir / "slurm.conf.local").write_text(f"MaxJobCount={max(sizes) + 10000}\nMaxArraySize={max(sizes) + 1}\n")
+        lab.up(nodes=15, daemon=False, log=lambda *_: None)
     ensure_user()
     env = lab.env()
     slurm = Slurm(conf=str(lab.lay.slurm_conf))
     cfg = config_mod.load(lab.lay.ft_conf)
     queued, last = 0, None
+    if reuse:
+        out = subprocess.run(["/usr/bin/squeue", "-h", "-u", LAB_USER, "-o", "%A"], capture_output=True, text=True,
+                             env=env, timeout=120).stdout
+        queued = len(out.split())
+        log(f"# reusing the running lab: {queued} jobs of {LAB_USER} queued")
     try:
         for size in sizes:
             log(f"# --- {size} queued jobs")
-            added = size - queued
+            added = max(0, size - queued)
             took = fill(env, added, log)
             queued = size
             log(f"size={size} fill_s={took:.0f} submit_per_s={added / max(took, 1e-9):.0f}")
@@ -242,8 +250,8 @@ def main() -> int:
             log(f"size={size} poll_daemon_commands_in_window({po['elapsed']:.0f}s)={po['calls']}")
             last = d_rate
     finally:
-        subprocess.run(["/usr/bin/scancel", "-u", LAB_USER], env=env, timeout=600)
         if not args.keep:
+            subprocess.run(["/usr/bin/scancel", "-u", LAB_USER], env=env, timeout=600)
             lab.down(log=lambda *_: None)
     log(f"daemon_rpc_per_s={last:.3f}")
     return 0

@@ -82,7 +82,7 @@ class FailoverConfig:
     #: (``contrib/slurm-ft-ctld-event``) drops "ft job started/ended" events; the daemon wakes on
     #: them (docs/architecture.md, "Event flow"). "" = no hook: faults are found by the node poll.
     events_dir: str = "/run/slurm-ft/events"
-    #: Seconds between full reconciliations (every job, ``squeue --json``); 0 = every cycle.
+    #: Seconds between full reconciliations (every job, one light ``squeue -o`` listing); 0 = every cycle.
     scan_interval_s: float = 60.0
     #: Seconds between reads of the node records (mailboxes, health drains, lost nodes) when no
     #: event asks for one sooner.

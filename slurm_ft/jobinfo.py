@@ -1,4 +1,6 @@
-"""One job's record from ``scontrol show job J``: a single-job RPC (``REQUEST_JOB_INFO_SINGLE``).
+"""Job records without ``squeue --json``: one job's full record from ``scontrol show job J`` (a
+single-job RPC, ``REQUEST_JOB_INFO_SINGLE``; :func:`parse_show_job`), and every job, light, from
+``squeue -o`` (:func:`list_jobs`).
 
 Why not ``squeue --json --jobs=J``: on 22.05 it asks slurmctld for the whole queue
 (``REQUEST_JOB_INFO``) and filters on the client, so every per-job look would cost as much as
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 #: Lines whose whole rest is one value (may hold spaces), in the order Slurm prints them.
 FREE_TEXT = ("Command", "WorkDir", "AdminComment", "SystemComment", "Comment", "StdErr", "StdIn", "StdOut", "Power")
@@ -120,3 +123,45 @@ def _record(lines: list[str], job_id: int, name: str) -> dict | None:
         }
     except (KeyError, ValueError):
         return None
+
+
+# ------------------------------------------------------------------------------ the whole queue, light
+#: ``squeue -o`` fields of a full scan: job id (unique for array tasks), state, reason, priority,
+#: nodes, comment (last: it may hold the separator). One ``REQUEST_JOB_INFO`` like
+#: ``squeue --json``, but measured on 22.05 with ~38,000 jobs: 0.5-0.8 s and a few MB against
+#: 17-22 s and 1.8 GB of memory for ``--json``.
+LIST_FORMAT = "%A|%T|%r|%Q|%N|%k"
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job as the light full scan sees it: enough to tell whether it changed and whether it
+    may concern slurm-ft; never enough to act on (the daemon reads the job itself first)."""
+
+    job_id: int
+    state: str
+    reason: str
+    priority: int
+    nodes: str
+    comment: str
+
+    @property
+    def snapshot(self) -> tuple:
+        return (self.state, self.reason, self.priority, self.nodes, self.comment)
+
+
+def list_jobs(slurm, timeout_s: float | None = None) -> list[JobRow]:
+    """Every job slurmctld knows, light (``squeue -h --states=all -o LIST_FORMAT``). A line that
+    does not parse (a comment with a newline) is skipped: the rows are hints."""
+    out = slurm.run("squeue", "-h", "--states=all", "-o", LIST_FORMAT, timeout_s=timeout_s).stdout
+    rows = []
+    for line in out.splitlines():
+        parts = line.split("|", 5)
+        if len(parts) != 6 or not parts[0].isdigit():
+            continue
+        try:
+            prio = int(parts[3])
+        except ValueError:
+            continue
+        rows.append(JobRow(int(parts[0]), parts[1], parts[2], prio, _null(parts[4]), _null(parts[5])))
+    return rows

@@ -111,8 +111,8 @@ def test_alternating_infra_lines_get_one_unblamed_retry(lab, slurm, user, ft_his
     """Attack 3: print an infra-looking line, a different one each attempt, to be failed over
     forever with a priority boost and a fresh time limit each time."""
     script = """#!/bin/sh
-if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then echo 'Connection reset by peer'
-else echo 'Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600000 milliseconds'; fi
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then echo 'Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600000 milliseconds'
+else echo 'srun: error: Task launch for 36.0 failed on node n1: Job credential expired'; fi
 exit 1
 """
     job_id = _submit(lab, script, "--ft", "--ft-retries=5")

@@ -11,8 +11,9 @@ Each cycle (every ``[failover] poll_interval_s``; docs/architecture.md, "Event f
 1. **which jobs**: those named by events (slurmctld's Prolog/EpilogSlurmctld hook: an ft job
    started or ended; :mod:`.events`), those whose wake-up time came (``machine.Wake``: a grace
    period, a checkpoint ack awaited, a time limit, ``StartTime=now`` once out of COMPLETING), and
-   those with an unfinished journaled action; every ``scan_interval_s`` (and at start-up) every
-   job, in one ``squeue --json`` (a full reconciliation);
+   those with an unfinished journaled action; every ``scan_interval_s`` (and at start-up) a full
+   reconciliation: every job, light (one ``squeue -o`` listing, slurm_ft.jobinfo.list_jobs), and
+   the ones that changed and may concern slurm-ft read in full;
 2. **jobs first**, one ``scontrol show job`` each (a single-job RPC; ``squeue --jobs`` would ask
    for the whole queue), **then the nodes** (``sinfo --json``) when a job ended or was requeued,
    or every ``node_poll_s``: an epilog posts its verdict before its job leaves COMPLETING, so a job
@@ -29,6 +30,7 @@ wait: writes go to its spool (slurm_ft.journal.store) and every decision still s
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import time
 
@@ -36,7 +38,8 @@ from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..journal import open_daemon_journal
 from ..slurm import Job, Slurm
 from ..slurm import split_nodes as _split_nodes  # noqa: F401  (kept for importers)
-from . import machine, mailbox, steps
+from ..jobinfo import list_jobs
+from . import machine, mailbox, policy
 from .effects import Effects
 from .events import EventSpool
 from .machine import time_limit_s as _time_limit_s  # noqa: F401  (kept for importers)
@@ -48,6 +51,10 @@ JOURNAL_BUSY_S = 0.2
 #: A full scan (every job) every ``scan_interval_s``, but never more often than every SCAN_SHARE
 #: times its own duration: a queue of 50,000 jobs makes one take seconds of slurmctld's time.
 SCAN_SHARE = 20.0
+#: Seconds a full scan may take (``squeue`` over the whole queue) before it is abandoned.
+FULL_SCAN_TIMEOUT_S = 120.0
+#: The ft token in a comment (job_submit.lua writes it first; legacy ``--comment=ft``).
+FT_WORD = re.compile(r"(?:^|\s)ft(?::|\s|$)")
 #: Seconds before a full scan that failed (slurmctld restarting, a timeout) is tried again.
 FULL_SCAN_RETRY_S = 10.0
 #: Longest pause (seconds) before a job whose handling failed is looked at again.
@@ -76,14 +83,15 @@ class Daemon:
         self._running: dict[int, tuple[str, int]] = {}        # ft job -> (nodes, attempt) while RUNNING
         self._priority: dict[int, int] = {}                    # job -> last priority > 0 seen
         self._gpus: dict[tuple[int, int], dict] = {}           # (job, attempt) -> node -> GPUs
-        self._snap: dict[int, tuple] = {}                      # job -> record when nothing was left to do
+        self._light: dict[int, tuple] = {}                     # job -> its row in the last full scan
+        self._ft: set[int] = self.journal.active_ft_jobs()     # ft jobs on record, not yet final
         self._seen_keys: set[tuple[str, str]] = set()          # mailbox records journaled
         self._health_looked: set[tuple[int, int, str]] = set()
         self._errors: dict[int, int] = {}                      # job -> consecutive failures
         self._backoff: dict[int, float] = {}                   # job -> not before
         self._next_scan = 0.0
         self._next_nodes = 0.0
-        self._all: list[Job] | None = None                     # this cycle's full scan, if any
+        self._rows: list | None = None                         # this cycle's full scan, if any
         self.cycle_errors: list[str] = []                      # Slurm/journal trouble this cycle (logged, retried)
 
     # ------------------------------------------------------------------ loop
@@ -120,7 +128,7 @@ class Daemon:
         """One pass (see the module doc)."""
         now = self.clock()
         fcfg = self.cfg.failover
-        self._all = None
+        self._rows = None
         self.cycle_errors = []
         try:
             self.journal.flush()
@@ -138,26 +146,25 @@ class Daemon:
         targets |= {i["job_id"] for i in intents}
         targets = {j for j in targets if self._backoff.get(j, 0.0) <= now}
         # 1. jobs first ...
-        jobs: dict[int, Job | None] = {}
         if full:
             t_scan = time.monotonic()
             try:
-                self._all = self.slurm.jobs()
+                self._rows = list_jobs(self.slurm, timeout_s=max(FULL_SCAN_TIMEOUT_S, self.cfg.slurm.command_timeout_s))
             except SlurmFTError as exc:     # the full scan waits; this cycle's own jobs do not
                 log.error("full scan: %s (retried in %g s)", exc, FULL_SCAN_RETRY_S)
                 self.cycle_errors.append(f"full scan: {exc}")
                 self._next_scan = now + FULL_SCAN_RETRY_S
                 full = False
+        jobs: dict[int, Job | None] = {}
         if full:
-            jobs = {j.job_id: j for j in self._all}
-            self.top_priority = steps.top_priority(self._all, self.boosted)
+            targets |= {j for j in self._reconcile(self._rows) if self._backoff.get(j, 0.0) <= now}
             # at most 1/SCAN_SHARE of the time in full scans, however long the queue
             self._next_scan = now + max(fcfg.scan_interval_s, SCAN_SHARE * (time.monotonic() - t_scan)) \
                 if fcfg.scan_interval_s else now
-            jobs.update({j: None for j in targets if j not in jobs})
-        else:
-            for jid in sorted(targets):
-                self._read(jid, jobs)
+            listed = {r.job_id for r in self._rows}
+            jobs.update({j: None for j in targets if j not in listed})
+        for jid in sorted(targets - set(jobs)):
+            self._read(jid, jobs)
         # 2. ... then the nodes: an epilog posts before its job leaves COMPLETING
         fresh: set[int] = set()
         if full or now >= self._next_nodes or any(j is not None and j.state != "RUNNING" for j in jobs.values()):
@@ -177,7 +184,6 @@ class Daemon:
             if jid not in jobs or self._backoff.get(jid, 0.0) > now:
                 continue
             self._guarded(jid, lambda: self.effects.resume(intent, jobs[jid]))
-            self._snap.pop(jid, None)
         # 4. every job in this cycle
         for jid, job in jobs.items():
             if job is None:
@@ -185,10 +191,28 @@ class Daemon:
                 continue
             if self._watch.get(jid, float("inf")) <= now:
                 del self._watch[jid]
-            self._guarded(jid, lambda: self.handle(job, force=jid in targets or jid in fresh))
-        if full:
-            for gone in set(self._snap) - set(jobs):
-                self._forget(gone)
+            self._guarded(jid, lambda: self.handle(job))
+
+    def _reconcile(self, rows) -> set[int]:
+        """The jobs of a full scan worth reading: those that changed since the last scan and may
+        concern slurm-ft (an ft job, a job whose comment carries the ft token, a prolog refusal, a
+        failed job not on record); forgets the jobs Slurm no longer lists."""
+        self.top_priority = max((r.priority for r in rows if r.state in ("PENDING", "RUNNING")
+                                 and r.job_id not in self.boosted), default=0)
+        out = set()
+        for r in rows:
+            if r.priority:
+                self._priority[r.job_id] = r.priority
+            if self._light.get(r.job_id) == r.snapshot:
+                continue
+            self._light[r.job_id] = r.snapshot
+            if (r.job_id in self._ft or FT_WORD.search(r.comment)
+                    or (r.state == "PENDING" and r.reason.startswith("launch_failed"))
+                    or r.state in policy.FAILED_STATES):
+                out.add(r.job_id)
+        for gone in set(self._light) - {r.job_id for r in rows}:
+            self._forget(gone)
+        return out
 
     # ------------------------------------------------------------------ Slurm reads
     def _read(self, jid: int, jobs: dict) -> None:
@@ -203,9 +227,11 @@ class Daemon:
 
     def fresh_top_priority(self, exclude: int) -> int:
         """Highest priority of the pending/running jobs slurm-ft did not boost, read now (one
-        full read, for a prolog refusal: a fault) unless this cycle read every job already."""
-        jobs = self._all if self._all is not None else self.slurm.jobs()
-        return steps.top_priority([j for j in jobs if j.job_id != exclude], self.boosted)
+        light full read, for a prolog refusal: a fault) unless this cycle read every job already."""
+        rows = self._rows if self._rows is not None else list_jobs(
+            self.slurm, timeout_s=max(FULL_SCAN_TIMEOUT_S, self.cfg.slurm.command_timeout_s))
+        return max((r.priority for r in rows if r.state in ("PENDING", "RUNNING") and r.job_id != exclude
+                    and r.job_id not in self.boosted), default=0)
 
     def priority_seen(self, job_id: int) -> int:
         """The last priority above 0 the daemon saw the job have (0: never seen)."""
@@ -240,17 +266,12 @@ class Daemon:
                     log.info("verdict job %s attempt %s on %s: %s (%s)", rec.job_id, rec.attempt, node.name,
                              rec.verdict, rec.rule)
                     fresh.add(rec.job_id)
-                    self._snap.pop(rec.job_id, None)
                 self._seen_keys.add(seen)
         return fresh
 
     # ------------------------------------------------------------------ per job
-    def handle(self, job: Job, force: bool = False, replan: bool = False) -> None:
-        """Plan and act for one job (skipped when nothing changed since nothing was left to do)."""
-        snap = (job.state, tuple(job.flags), job.reason, job.restart_count, job.nodes, job.priority, job.comment,
-                job.admin_comment, job.raw.get("eligible_time"))
-        if not force and self._snap.get(job.job_id) == snap:
-            return
+    def handle(self, job: Job, replan: bool = False) -> None:
+        """Plan and act for one job."""
         now = self.clock()
         facts = self.facts(job, now)
         view = machine.View(now, {n.name: n for n in self.nodes}, self.cfg.failover, self.top_priority,
@@ -263,13 +284,9 @@ class Daemon:
             # COMPLETING) is planned from a fresh record now, not a poll interval later
             fresh = self.slurm.job(job.job_id)
             if fresh is not None:
-                return self.handle(fresh, force=True, replan=True)
+                return self.handle(fresh, replan=True)
         self._errors.pop(job.job_id, None)
         self._backoff.pop(job.job_id, None)
-        if actions:
-            self._snap.pop(job.job_id, None)
-        else:
-            self._snap[job.job_id] = snap
 
     def facts(self, job: Job, now: float) -> machine.Facts:
         """The journal's rows and the daemon's observations of ``job`` (first sight: its ft
@@ -281,6 +298,8 @@ class Daemon:
         except ConfigError as exc:
             opts, error = None, str(exc)
         enabled = opts is not None and opts.enabled
+        if enabled:
+            self._ft.add(job.job_id)
         if enabled and job.state == "RUNNING":
             self._running[job.job_id] = (job.nodes, job.restart_count)
         else:
@@ -333,11 +352,11 @@ class Daemon:
         self._errors[jid] = n
         at = self.clock() + min(MAX_BACKOFF_S, 2.0 ** (n - 1))
         self._backoff[jid] = at
-        self._snap.pop(jid, None)
         self.wake(jid, at)
 
     def _forget(self, jid: int) -> None:
-        for d in (self._snap, self._watch, self._running, self._priority, self._errors, self._backoff):
+        for d in (self._light, self._watch, self._running, self._priority, self._errors, self._backoff):
             d.pop(jid, None)
+        self._ft.discard(jid)
         self._seen_ended = {k: v for k, v in self._seen_ended.items() if k[0] != jid}
         self._gpus = {k: v for k, v in self._gpus.items() if k[0] != jid}

@@ -634,6 +634,16 @@ class Journal:
         """Action rows with an id above ``after_id`` (written by anyone), oldest first."""
         return self._guard(lambda: list(self.db.query("SELECT * FROM actions WHERE id > ? ORDER BY id", [after_id])))
 
+    def active_ft_jobs(self) -> set[int]:
+        """ft-enabled jobs on record whose ft state is not final (the daemon watches them)."""
+        from ..failover import policy
+
+        finals = sorted(policy.FINAL_STATES)
+        rows = self._guard(lambda: self.db.execute(
+            f"SELECT job_id FROM jobs WHERE ft_enabled = 1 AND (ft_state IS NULL OR ft_state NOT IN "
+            f"({', '.join('?' * len(finals))}))", finals).fetchall())
+        return {r[0] for r in rows}
+
     def failovers_done(self, job_id: int) -> int:
         """Failovers spent from the job's retry budget (``failover`` actions done)."""
         return sum(1 for a in self.actions(job_id) if a["action"] == "failover" and a["status"] == "done")

@@ -450,7 +450,8 @@ class FakeSlurm:
             elif a.startswith("--jobid="):
                 job_id = int(a[8:])
         verb = args[0] if args else ""
-        rpc = ("REQUEST_UPDATE",) if cmd == "scontrol" and verb in MUTATING else ("REQUEST_OTHER",)
+        rpc = ("REQUEST_UPDATE",) if cmd == "scontrol" and verb in MUTATING else \
+            ("REQUEST_JOB_INFO",) if cmd == "squeue" else ("REQUEST_OTHER",)
         after = self._enter(cmd, args, job_id, rpc)
         try:
             out = self._apply(cmd, args, job_id)
@@ -469,6 +470,11 @@ class FakeSlurm:
         return job
 
     def _apply(self, cmd: str, args: tuple, job_id: int | None) -> str:
+        if cmd == "squeue" and "-o" in args:   # the light full scan (slurm_ft.jobinfo.list_jobs)
+            self.forget_old()
+            return "".join(f"{j.job_id}|{'COMPLETING' if j.completing else j.state}|{j.reason}|{j.priority}|"
+                           f"{compress_nodes(j.nodes) or '(null)'}|{j.comment or '(null)'}\n"
+                           for j in sorted(self.jobs_by_id.values(), key=lambda j: j.job_id))
         if cmd == "srun":
             return self._signal(self._get(job_id))
         if cmd != "scontrol" or not args:
