@@ -3,7 +3,6 @@ with real journals. Every test here failed on the daemon before the fix (see the
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import time
 
@@ -379,3 +378,39 @@ def test_daemon_killed_at_each_call_resumes_once(w, crash_at, after):
     with w.journal() as j:
         assert j.pending_intents() == []
         assert [a["status"] for a in j.actions(jid, 0) if a["action"] == "failover"] == ["done"]
+
+
+def test_a_burst_of_ordinary_ends_does_not_delay_a_failover(tmp_path, monkeypatch):
+    """2,000 short jobs on 64 nodes (benchmarks/daemon_fleet.py): a cycle with dozens of jobs
+    completing handled them in job-id order, a failover after all of them (5 s late under load).
+    Faults come first; a finished job's final state costs no scontrol call (Slurm refuses it)."""
+    w = World(tmp_path, nodes=30, monkeypatch=monkeypatch)
+    ids = [w.start() for _ in range(25)]
+    w.step()
+    faulted = ids[-1]
+    for jid in ids[:-1]:
+        w.slurm.end(jid, "COMPLETED", 0, epilogs=True)
+    w.slurm.end(faulted, verdicts={w.job(faulted).nodes[0]: XID79}, epilogs=True)
+    t0 = w.clock()
+    w.step()
+    with w.journal() as j:
+        order = [r[0] for r in j.db.execute("SELECT job_id FROM actions WHERE action IN ('failover', 'decide') "
+                                            "ORDER BY id").fetchall()]
+    assert order[0] == faulted and len(order) == 25
+    assert not [c for c in w.slurm.calls if c.t > t0 and c.job_id in ids[:-1] and c.args[:1] == ("update",)]
+
+
+def test_a_requeue_that_timed_out_after_taking_effect_is_no_internal_error(w):
+    """Found by the stateful test: ``scontrol requeue`` timed out after slurmctld had requeued the
+    job. Before: the failover was marked refused (``internal-error``, final) and the next
+    attempt's hardware fault was never failed over."""
+    jid = w.start()
+    w.step()
+    w.slurm.fail(lambda cmd, args: args[:2] == ("requeue", str(jid)), count=1, mode="timeout-after")
+    w.slurm.end(jid, verdicts={w.job(jid).nodes[0]: XID79}, epilogs=True)
+    w.step(n=6)
+    assert w.slurm.requeues == {(jid, 0): 1} and w.job(jid).state == "RUNNING"
+    assert w.ft_state(jid) == "running"
+    w.slurm.end(jid, verdicts={w.job(jid).nodes[0]: XID79}, epilogs=True)
+    w.step(n=6)
+    assert w.slurm.requeues.get((jid, 1)) == 1 and w.job(jid).restart == 2

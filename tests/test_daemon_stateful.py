@@ -30,7 +30,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, event, settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -239,7 +238,6 @@ class DaemonStateMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_failover_per_attempt(self):
-        rows = self.w.daemon.journal.pending_intents  # noqa: F841  (journal reachable)
         with self.w.journal() as j:
             seen = j.db.execute("SELECT job_id, attempt, count(*) FROM actions WHERE action = 'failover' "
                                 "GROUP BY job_id, attempt HAVING count(*) > 1").fetchall()

@@ -3,7 +3,6 @@ values as squeue's own JSON for the same job (captured together on the 22.05 lab
 when user-chosen text could forge a line."""
 
 import json
-import os
 import time
 from pathlib import Path
 

@@ -48,6 +48,8 @@ from .options import trusted_options
 log = logging.getLogger("slurm_ft.daemon")
 #: Seconds a daemon journal write may wait for another process's lock before it is spooled.
 JOURNAL_BUSY_S = 0.2
+#: Jobs a full scan found changed that one cycle reads (the rest in the next cycles).
+MAX_SCAN_READS = 50
 #: A full scan (every job) every ``scan_interval_s``, but never more often than every SCAN_SHARE
 #: times its own duration: a queue of 50,000 jobs makes one take seconds of slurmctld's time.
 SCAN_SHARE = 20.0
@@ -83,7 +85,8 @@ class Daemon:
         self._running: dict[int, tuple[str, int]] = {}        # ft job -> (nodes, attempt) while RUNNING
         self._priority: dict[int, int] = {}                    # job -> last priority > 0 seen
         self._gpus: dict[tuple[int, int], dict] = {}           # (job, attempt) -> node -> GPUs
-        self._light: dict[int, tuple] = {}                     # job -> its row in the last full scan
+        self._light: dict[int, tuple] = {}                     # job -> (state, reason, nodes) last seen
+        self._backlog: dict[int, None] = {}                    # full-scan reads not done yet, in order
         self._ft: set[int] = self.journal.active_ft_jobs()     # ft jobs on record, not yet final
         self._seen_keys: set[tuple[str, str]] = set()          # mailbox records journaled
         self._health_looked: set[tuple[int, int, str]] = set()
@@ -157,12 +160,17 @@ class Daemon:
                 full = False
         jobs: dict[int, Job | None] = {}
         if full:
-            targets |= {j for j in self._reconcile(self._rows) if self._backoff.get(j, 0.0) <= now}
+            self._backlog.update(dict.fromkeys(sorted(self._reconcile(self._rows) - targets)))
             # at most 1/SCAN_SHARE of the time in full scans, however long the queue
             self._next_scan = now + max(fcfg.scan_interval_s, SCAN_SHARE * (time.monotonic() - t_scan)) \
                 if fcfg.scan_interval_s else now
             listed = {r.job_id for r in self._rows}
             jobs.update({j: None for j in targets if j not in listed})
+        # a full scan's reads are spread over cycles: a fault never waits behind hundreds of them
+        for jid in list(self._backlog)[:MAX_SCAN_READS]:
+            del self._backlog[jid]
+            if self._backoff.get(jid, 0.0) <= now:
+                targets.add(jid)
         for jid in sorted(targets - set(jobs)):
             self._read(jid, jobs)
         # 2. ... then the nodes: an epilog posts before its job leaves COMPLETING
@@ -184,8 +192,10 @@ class Daemon:
             if jid not in jobs or self._backoff.get(jid, 0.0) > now:
                 continue
             self._guarded(jid, lambda: self.effects.resume(intent, jobs[jid]))
-        # 4. every job in this cycle
-        for jid, job in jobs.items():
+        # 4. every job in this cycle, faults first: a burst of ordinary ends never delays a failover
+        urgent = {jid for jid, job in jobs.items()
+                  if jid in fresh or (job is not None and job.state in policy.FAILED_STATES)}
+        for jid, job in sorted(jobs.items(), key=lambda kv: (kv[0] not in urgent, kv[0])):
             if job is None:
                 self._forget(jid)
                 continue
@@ -203,9 +213,10 @@ class Daemon:
         for r in rows:
             if r.priority:
                 self._priority[r.job_id] = r.priority
-            if self._light.get(r.job_id) == r.snapshot:
-                continue
-            self._light[r.job_id] = r.snapshot
+            seen = (r.state, r.reason, r.nodes)
+            if self._light.get(r.job_id) == seen:
+                continue            # as the daemon last saw it (events keep ft jobs current)
+            self._light[r.job_id] = seen
             if (r.job_id in self._ft or FT_WORD.search(r.comment)
                     or (r.state == "PENDING" and r.reason.startswith("launch_failed"))
                     or r.state in policy.FAILED_STATES):
@@ -273,6 +284,7 @@ class Daemon:
     def handle(self, job: Job, replan: bool = False) -> None:
         """Plan and act for one job."""
         now = self.clock()
+        self._light[job.job_id] = (job.state, job.reason, job.nodes)
         facts = self.facts(job, now)
         view = machine.View(now, {n.name: n for n in self.nodes}, self.cfg.failover, self.top_priority,
                             poll_s=self.cfg.failover.poll_interval_s)
@@ -355,7 +367,8 @@ class Daemon:
         self.wake(jid, at)
 
     def _forget(self, jid: int) -> None:
-        for d in (self._light, self._watch, self._running, self._priority, self._errors, self._backoff):
+        for d in (self._light, self._watch, self._running, self._priority, self._errors, self._backoff,
+                  self._backlog):
             d.pop(jid, None)
         self._ft.discard(jid)
         self._seen_ended = {k: v for k, v in self._seen_ended.items() if k[0] != jid}

@@ -125,8 +125,9 @@ class Effects:
         if a.kind == policy.MAX_RETRIES and a.blamed:
             self.drain(job.job_id, a.attempt, a.blamed, a.verdicts)
         # only a job Slurm still lets us update (requeued, held) takes the final state; a finished
-        # job keeps "attempt N (after ...)" and ft-history has its final state
-        self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, a.kind))
+        # job keeps "attempt N (after ...)" and ft-history has its final state (no call: refused)
+        if job.state == "PENDING" or a.hold:
+            self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, a.kind))
         if a.hold:
             # Slurm requeued it by itself (NODE_FAIL), but slurm-ft will not retry it: hold it, visibly.
             self.slurm.run("scontrol", "hold", str(job.job_id), check=False)

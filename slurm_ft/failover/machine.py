@@ -278,6 +278,8 @@ def plan(job: Job, f: Facts, v: View) -> list[Action]:
         return []
     out: list[Action] = _attempt_records(job, f)
     state = (f.row or {}).get("ft_state") or policy.RUNNING
+    if state == policy.INTERNAL_ERROR and attempt > 0 and f.decided(attempt - 1) and not f.decided(attempt):
+        state = policy.REQUEUED   # slurm-ft failed the requeue, yet the job runs again: follow it again
     if job.state == "PENDING" and attempt > 0 and not f.decided(attempt - 1):
         return out + _requeued_by_slurm(job, f, v)
     if job.state == "PENDING" and state in policy.PENDING_STATES:
@@ -413,7 +415,6 @@ def _ack_rows(ack: RecordAck | None, now: float) -> tuple[Mapping, ...]:
 
 
 def _running(job: Job, f: Facts, v: View, ack: RecordAck | None) -> list[Action]:
-    attempt = job.restart_count
     evac = _evacuation(job, f, v, ack)
     if evac is not None:
         return evac
@@ -523,7 +524,8 @@ def _time_limit(job: Job, f: Facts, v: View, ack: RecordAck | None) -> list[Acti
     purpose, saved, note = f.notified(attempt, _ack_rows(ack, v.now))
     if purpose == policy.NOTIFY_TIME_LIMIT:
         if saved and not f.decided(attempt):
-            return [RequeueNotFault(job.job_id, attempt, policy.CONTINUE, "time limit: continued after its exit checkpoint")]
+            return [RequeueNotFault(job.job_id, attempt, policy.CONTINUE,
+                                    "time limit: continued after its exit checkpoint")]
         if not saved and not f.decided(attempt):
             return [Wake(job.job_id, attempt, v.now + ACK_POLL_S, "checkpoint ack")]
         return []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import grp
 import json
 import logging
@@ -628,11 +627,8 @@ class Journal:
             sql += " AND attempt = ?"
             args.append(attempt)
         rows = self._guard(lambda: list(self.db.query(sql + " ORDER BY id", args)))
-        return self._with_pending(rows, lambda r: r["job_id"] == job_id and (attempt is None or r["attempt"] == attempt))
-
-    def actions_since(self, after_id: int) -> list[dict]:
-        """Action rows with an id above ``after_id`` (written by anyone), oldest first."""
-        return self._guard(lambda: list(self.db.query("SELECT * FROM actions WHERE id > ? ORDER BY id", [after_id])))
+        return self._with_pending(rows, lambda r: r["job_id"] == job_id
+                                  and (attempt is None or r["attempt"] == attempt))
 
     def active_ft_jobs(self) -> set[int]:
         """ft-enabled jobs on record whose ft state is not final (the daemon watches them)."""

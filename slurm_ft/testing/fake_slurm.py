@@ -234,7 +234,8 @@ class FakeSlurm:
         job.reason = "NonZeroExitCode" if exit_code else "None"
         job.completing = set(job.nodes)
         for node, (verdict, rule, xids) in (verdicts or {}).items():
-            job.verdicts[node] = mailbox.Record(job_id, job.restart, verdict, rule, tuple(xids), exit_code, self.clock())
+            job.verdicts[node] = mailbox.Record(job_id, job.restart, verdict, rule, tuple(xids), exit_code,
+                                                self.clock())
         self.events.append(("epilog_slurmctld", job_id, job.restart, compress_nodes(job.nodes)))
         if epilogs:
             self.run_epilogs(job_id)
