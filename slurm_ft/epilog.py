@@ -161,6 +161,9 @@ def run(env: dict[str, str] | None = None) -> int:
         evidence = with_prior_xids(cfg, job, gather_evidence(cfg, job, since, log), policy, log)
         verdict = verify_untrusted(cfg, job, classify(evidence, policy), log)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
+        from .hang.watcher import epilog_cleanup
+        if epilog_cleanup(cfg, job.job_id, job.node):
+            log("hang watcher still running at the job's end: stopped")
     except SlurmFTError as exc:
         log(f"error: {exc}")
     except Exception as exc:  # never fail the epilog: log and let the daemon see a missing verdict

@@ -489,3 +489,33 @@ def test_an_output_file_that_appears_after_the_watcher_started_is_watched(open_t
     os.chown(out, NOBODY, NOBODY)
     assert watcher.sample().output_size == 7
     watcher.close()
+
+
+@root_only
+def test_epilog_backstop_stops_a_leftover_watcher_and_removes_its_directory(tmp_path):
+    """A watcher that outlived its job (slurmd restarted, the watcher missed the end): the
+    epilog removes the heartbeat directory and stops that watcher, and only that one: a pid
+    file naming a process that is not this job's watcher (a recycled pid) signals nothing."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+    root, state = tmp_path / "hb", tmp_path / "state"
+    state.mkdir()
+    cfg = SimpleNamespace(heartbeat_root=lambda node: str(root / node), node_state=SimpleNamespace(dir=str(state)))
+    wt.make_job_dir(str(root / "n1"), 77, NOBODY, NOBODY)
+    sleeper = "import time; time.sleep(60)"
+    watcher = subprocess.Popen([sys.executable, "-c", sleeper, "slurm_ft.hang.watcher", "--job", "77"])
+    other = subprocess.Popen([sys.executable, "-c", sleeper, "something-else", "--job", "77"])
+    try:
+        Path(wt.pid_file(cfg, 77, "n1")).write_text(f"{watcher.pid}\n")
+        assert wt.epilog_cleanup(cfg, 77, "n1") is True
+        assert watcher.wait(10) == -15
+        assert not os.path.exists(hb.job_dir(str(root / "n1"), 77))
+        assert not os.path.exists(wt.pid_file(cfg, 77, "n1"))
+        Path(wt.pid_file(cfg, 78, "n1")).write_text(f"{other.pid}\n")
+        assert wt.epilog_cleanup(cfg, 78, "n1") is False and other.poll() is None
+        assert wt.epilog_cleanup(cfg, 79, "n1") is False          # nothing there: nothing to do
+    finally:
+        for p in (watcher, other):
+            p.kill()
+            p.wait()

@@ -76,14 +76,12 @@ def test_infra_failures_restart_in_place_twice_then_escalate_to_a_requeue(lab, s
     with open_journal(cfg.journal.path) as j:
         assert {v["verdict"] for v in j.verdicts(job_id, 0)} <= {"infra", "unknown"}
         assert any(v["verdict"] == "infra" for v in j.verdicts(job_id, 0))
-    import slurm_ft.failover as failover_pkg
-    from pathlib import Path
-    hooked = any("record_restarts" in p.read_text() for p in Path(failover_pkg.__file__).parent.glob("*.py"))
-    if hooked:   # once the daemon journals the wrapper's record (slurm_ft.inplace.record_restarts)
-        def restarts():
-            with open_journal(cfg.journal.path) as j:
-                rows = [a for a in j.actions(job_id, 0) if a["action"] == "inplace-restart"]
-            return rows if len(rows) == 2 else None
-        rows = wait_for(restarts, 30, "the restarts in ft-history")
-        assert [a["detail"].split()[1] for a in rows] == ["1/2", "2/2"], rows
+    # the daemon journals the wrapper's record (slurm_ft.inplace.record_restarts): ft-history
+
+    def restarts():
+        with open_journal(cfg.journal.path) as j:
+            rows = [a for a in j.actions(job_id, 0) if a["action"] == "inplace-restart"]
+        return rows if len(rows) == 2 else None
+    rows = wait_for(restarts, 30, "the restarts in ft-history")
+    assert [a["detail"].split()[1] for a in rows] == ["1/2", "2/2"], rows
     slurm.run("scancel", str(job_id), check=False)

@@ -159,3 +159,40 @@ def test_plain_jobs_cost_nothing():
     plain = m.Facts(7, opts=None)
     assert m.plan(job(state="RUNNING", reason="None"), plain, view()) == []
     assert kinds(m.plan(job(), plain, view())) == ["NotConfigured"]
+
+
+INFRA = NodeVerdict(7, 0, "infra", "ib-completion-error", (), 1, NOW - 40, "n1")
+INFRA2 = NodeVerdict(7, 0, "infra", "ib-completion-error", (), 1, NOW - 40, "n2")
+
+
+def bisect_view(auto=True) -> m.View:
+    return m.View(NOW, {}, CFG, top_priority=100, bisect_auto=auto)
+
+
+def test_auto_bisect_starts_once_for_an_unblamed_multi_node_failure():
+    """``[bisect] auto``: an infra failure on two nodes with no node blamed is failed over (a
+    retry) and a bisect is started on its nodes, once per attempt; off by default."""
+    two = job(nodes="n[1-2]")
+    out = m.plan(two, facts(verdicts=[INFRA, INFRA2]), bisect_view())
+    assert kinds(out) == ["Failover", "StartBisect"] and out[-1].nodes == ("n1", "n2")
+    assert kinds(m.plan(two, facts(verdicts=[INFRA, INFRA2]), bisect_view(auto=False))) == ["Failover"]
+    # reopened or looked at again: a bisect already started for the attempt is not started again
+    started = [act("bisect-start", target="n[1-2]")]
+    assert "StartBisect" not in kinds(m.plan(two, facts(actions=started, verdicts=[INFRA, INFRA2]), bisect_view()))
+
+
+def test_auto_bisect_not_for_one_node_a_blamed_node_or_a_users_bug():
+    assert kinds(m.plan(job(), facts(verdicts=[INFRA]), bisect_view())) == ["Failover"]
+    hw2 = NodeVerdict(7, 0, "ok", "", (), 1, NOW - 40, "n2")
+    assert kinds(m.plan(job(nodes="n[1-2]"), facts(verdicts=[HW, hw2]), bisect_view())) == ["Failover"]
+    user2 = NodeVerdict(7, 0, "user", "python-traceback", (), 1, NOW - 40, "n2")
+    assert kinds(m.plan(job(nodes="n[1-2]"), facts(verdicts=[USER, user2]), bisect_view())) == ["Final"]
+
+
+def test_inplace_restart_record_in_the_comment_is_journaled():
+    """The ``slurm-ft run`` wrapper's record in the job's comment -> ``RecordRestarts`` (ft-history
+    shows each restart); no record, no action."""
+    rec = "slurm-ft-run:attempt=0,restarts=1,of=2,state=restarted,verdict=infra,rule=x,t=1.0"
+    out = m.plan(job("RUNNING", reason="None", comment=rec), facts(), view())
+    assert "RecordRestarts" in kinds(out)
+    assert "RecordRestarts" not in kinds(m.plan(job("RUNNING", reason="None", comment="hello"), facts(), view()))

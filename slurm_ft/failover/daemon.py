@@ -86,7 +86,8 @@ class Daemon:
         self._priority: dict[int, int] = {}                    # job -> last priority > 0 seen
         self._gpus: dict[tuple[int, int], dict] = {}           # (job, attempt) -> node -> GPUs
         self._light: dict[int, tuple] = {}                     # job -> (state, reason, nodes) last seen
-        self._backlog: dict[int, None] = {}                    # full-scan reads not done yet, in order
+        self._backlog: dict[int, None] = {}
+        self.bisect_proc = None                                # the bisect [bisect] auto started (Popen)                    # full-scan reads not done yet, in order
         self._ft: set[int] = self.journal.active_ft_jobs()     # ft jobs on record, not yet final
         self._seen_keys: set[tuple[str, str]] = set()          # mailbox records journaled
         self._health_looked: set[tuple[int, int, str]] = set()
@@ -287,7 +288,7 @@ class Daemon:
         self._light[job.job_id] = (job.state, job.reason, job.nodes)
         facts = self.facts(job, now)
         view = machine.View(now, {n.name: n for n in self.nodes}, self.cfg.failover, self.top_priority,
-                            poll_s=self.cfg.failover.poll_interval_s)
+                            poll_s=self.cfg.failover.poll_interval_s, bisect_auto=self.cfg.bisect.auto)
         actions = machine.plan(job, facts, view)
         for action in actions:
             self.effects.apply(job, action, facts.opts)

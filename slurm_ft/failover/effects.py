@@ -103,6 +103,34 @@ class Effects:
     def _EvacuationTimeout(self, job, a: m.EvacuationTimeout, opts) -> None:
         self.journal.record(job.job_id, a.attempt, "ckpt-timeout", job.nodes, a.detail, status="failed")
 
+    def _RecordRestarts(self, job, a: m.RecordRestarts, opts) -> None:
+        from ..inplace import record_restarts
+
+        if record_restarts(self.journal, job):
+            log.info("job %s: in-place restarts reported by the job journaled", job.job_id)
+
+    def _StartBisect(self, job, a: m.StartBisect, opts) -> None:
+        """One bisect at a time (each takes the nodes it tests for minutes); a second candidate
+        while one runs is journaled as skipped, not queued."""
+        from .. import bisect
+
+        target = m.hostlist(a.nodes)
+        running = self.d.bisect_proc
+        if running is not None and running.poll() is None:
+            self.journal.record(job.job_id, a.attempt, "bisect-start", target,
+                                f"not started: bisect pid {running.pid} still running", status="skipped")
+            return
+        try:
+            self.d.bisect_proc = bisect.spawn(self.d.cfg, job.job_id, a.attempt, list(a.nodes))
+        except OSError as exc:
+            self.journal.record(job.job_id, a.attempt, "bisect-start", target, f"could not start: {exc}",
+                                status="failed")
+            return
+        self.journal.record(job.job_id, a.attempt, "bisect-start", target,
+                            f"pid {self.d.bisect_proc.pid}: {a.reason}")
+        log.info("job %s attempt %s: bisect started on %s (pid %s)", job.job_id, a.attempt, target,
+                 self.d.bisect_proc.pid)
+
     def _DrainLate(self, job, a: m.DrainLate, opts) -> None:
         log.info("job %s attempt %s: late hardware verdict from %s", job.job_id, a.attempt, m.hostlist(a.nodes))
         self.drain(job.job_id, a.attempt, a.nodes, a.verdicts)

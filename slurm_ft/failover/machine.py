@@ -34,6 +34,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .. import inplace
+from ..bisect import bisect_candidate
 from ..slurm import Job, compress_nodes, split_nodes
 from . import policy
 from .verdict import NodeVerdict
@@ -142,6 +144,7 @@ class View:
     top_priority: int = 0
     grace_s: float = 3.0
     poll_s: float = 0.5
+    bisect_auto: bool = False              # config [bisect] auto
 
 
 # ------------------------------------------------------------------------------ actions
@@ -256,6 +259,19 @@ class Release(Action):
 
 
 @dataclass(frozen=True)
+class RecordRestarts(Action):
+    """The job's ``slurm-ft run`` wrapper reported in-place restarts in its comment: journal
+    each once (slurm_ft.inplace.record_restarts; the job's own word, it buys nothing)."""
+
+
+@dataclass(frozen=True)
+class StartBisect(Action):
+    """``[bisect] auto``: an unblamed multi-node failure; diagnose the attempt's ``nodes``."""
+    nodes: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class DrainLate(Action):
     """Hardware verdicts of an attempt already decided otherwise: drain their nodes."""
     nodes: tuple[str, ...] = ()
@@ -277,6 +293,8 @@ def plan(job: Job, f: Facts, v: View) -> list[Action]:
             return [NotConfigured(job.job_id, attempt, plain=True)]
         return []
     out: list[Action] = _attempt_records(job, f)
+    if inplace.PREFIX in (job.comment or ""):
+        out.append(RecordRestarts(job.job_id, attempt))
     state = (f.row or {}).get("ft_state") or policy.RUNNING
     if state == policy.INTERNAL_ERROR and attempt > 0 and f.decided(attempt - 1) and not f.decided(attempt):
         state = policy.REQUEUED   # slurm-ft failed the requeue, yet the job runs again: follow it again
@@ -581,10 +599,14 @@ def _decide(job: Job, f: Facts, v: View, attempt: int, slurm_state: str, requeue
                                        f"failed the same way ({decision.reason})", decision.blamed_nodes,
                                        decision.verdicts)
     if decision.kind == "failover":
-        return [Failover(job.job_id, attempt, decision.reason, tuple(decision.blamed_nodes), decision.verdicts,
-                         node_fail, slurm_state)]
-    return [Final(job.job_id, attempt, decision.kind, decision.reason, tuple(decision.blamed_nodes),
-                  decision.verdicts, node_fail, slurm_state, hold=requeued and decision.kind != policy.COMPLETED)]
+        out: list[Action] = [Failover(job.job_id, attempt, decision.reason, tuple(decision.blamed_nodes),
+                                      decision.verdicts, node_fail, slurm_state)]
+    else:
+        out = [Final(job.job_id, attempt, decision.kind, decision.reason, tuple(decision.blamed_nodes),
+                     decision.verdicts, node_fail, slurm_state, hold=requeued and decision.kind != policy.COMPLETED)]
+    if v.bisect_auto and not f.acts(attempt, "bisect-start") and bisect_candidate(decision, nodes):
+        out.append(StartBisect(job.job_id, attempt, tuple(nodes), decision.reason))
+    return out
 
 
 def _late_verdicts(job: Job, f: Facts, v: View, state: str) -> list[Action]:

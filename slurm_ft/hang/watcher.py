@@ -419,6 +419,34 @@ def remove_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def epilog_cleanup(cfg, job_id: int, node: str) -> bool:
+    """The epilog's backstop for a watcher that did not end with its job (killed, or slurmd
+    restarted under it): remove the job's heartbeat directory and SIGTERM the watcher named in
+    its root-only pid file, only while ``/proc/<pid>/cmdline`` is still that job's watcher (a
+    recycled pid is left alone). Returns whether a watcher was signalled; never raises."""
+    remove_dir(hb.job_dir(cfg.heartbeat_root(node), job_id))
+    pidf = pid_file(cfg, job_id, node)
+    try:
+        fd = os.open(pidf, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as fh:
+            pid = int(fh.read(32).strip() or 0)
+        os.unlink(pidf)
+    except (OSError, ValueError):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read(4096).split(b"\0")
+    except OSError:
+        return False
+    if b"slurm_ft.hang.watcher" not in argv or bytes(str(job_id), "ascii") not in argv:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return False
+    return True
+
+
 def wanted(env: dict) -> bool:
     """The job's hint that it asked for hang detection (``SPANK_FT_HANG_TIMEOUT``, user-set:
     the window itself is read from the submit-time record)."""
