@@ -418,21 +418,3 @@ class Node:
             extra=n.get("extra", "") or "",
             raw=n,
         )
-
-
-
-# -- Slurm version differences (22.05 vs 24.11): the one place that knows them ----------------------
-def parse_version(text: str) -> tuple[int, int]:
-    """(major, minor) of a Slurm version as ``scontrol --version`` prints it (``slurm 24.11.5``,
-    ``slurm-wlm 22.05.8``) or as given (``24.11``). Raises ValueError when there is none."""
-    m = re.search(r"(\d+)\.(\d+)", text)
-    if m is None:
-        raise ValueError(f"not a Slurm version: {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-def conf_compat_lines(version: str) -> list[str]:
-    """slurm.conf lines whose spelling depends on the Slurm version: the credential plugin is
-    ``CryptoType=crypto/munge`` up to 23.02 and ``CredType=cred/munge`` from 23.11 (24.11 no
-    longer knows ``CryptoType``)."""
-    return ["CryptoType=crypto/munge"] if parse_version(version) < (23, 11) else ["CredType=cred/munge"]

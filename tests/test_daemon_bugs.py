@@ -414,3 +414,31 @@ def test_a_requeue_that_timed_out_after_taking_effect_is_no_internal_error(w):
     w.slurm.end(jid, verdicts={w.job(jid).nodes[0]: XID79}, epilogs=True)
     w.step(n=6)
     assert w.slurm.requeues.get((jid, 1)) == 1 and w.job(jid).restart == 2
+
+
+def test_routine_events_wait_behind_a_fault_and_are_read_within_a_budget(tmp_path, monkeypatch):
+    """benchmarks/daemon_fleet.py (64 nodes, 2,000 jobs, ~5 starts and ends a second): every
+    event cost a ``scontrol show job`` before anything else, so under load a hardware fault's
+    job was read (and failed over) tens of seconds late. Now starts and clean ends (the hook's
+    ``exit=0``) are read after the jobs that failed, at most MAX_SCAN_READS per cycle, and all
+    of them within a few cycles."""
+    from slurm_ft.failover import daemon as daemon_mod
+    w = World(tmp_path, nodes=30, monkeypatch=monkeypatch)
+    monkeypatch.setattr(daemon_mod, "MAX_SCAN_READS", 5)
+    ids = [w.start() for _ in range(25)]
+    w.step()
+    faulted = ids[-1]
+    for jid in ids[:-1]:
+        w.slurm.end(jid, "COMPLETED", 0, epilogs=True)
+    w.slurm.end(faulted, verdicts={w.job(faulted).nodes[0]: XID79}, epilogs=True)
+    reads = len(w.slurm.calls)
+    w.step()
+    with w.journal() as j:
+        assert [a["status"] for a in j.actions(faulted, 0) if a["action"] == "failover"] == ["done"]
+        decided = {jid for jid in ids[:-1] if any(a["action"] == "decide" for a in j.actions(jid, 0))}
+    assert len(decided) <= 5
+    shows = [c.job_id for c in w.slurm.calls[reads:] if c.args[:2] == ("show", "job") and c.job_id != faulted]
+    assert len(shows) <= 5, shows
+    w.step(n=6)
+    with w.journal() as j:
+        assert all(any(a["action"] == "decide" for a in j.actions(jid, 0)) for jid in ids[:-1])

@@ -48,7 +48,8 @@ from .options import trusted_options
 log = logging.getLogger("slurm_ft.daemon")
 #: Seconds a daemon journal write may wait for another process's lock before it is spooled.
 JOURNAL_BUSY_S = 0.2
-#: Jobs a full scan found changed that one cycle reads (the rest in the next cycles).
+#: Routine reads one cycle makes at most (jobs a full scan found changed, starts and clean ends
+#: the hook reported; the rest in the next cycles).
 MAX_SCAN_READS = 50
 #: A full scan (every job) every ``scan_interval_s``, but never more often than every SCAN_SHARE
 #: times its own duration: a queue of 50,000 jobs makes one take seconds of slurmctld's time.
@@ -145,7 +146,11 @@ class Daemon:
         full = fcfg.scan_interval_s == 0 or now >= self._next_scan
         targets: set[int] = set()
         if self.events is not None:
-            targets |= {ev.job_id for ev in self.events.read()}
+            for ev in self.events.read():
+                if ev.routine:     # a start or a clean end: read after the others, within a budget
+                    self._backlog.setdefault(ev.job_id, None)
+                else:
+                    targets.add(ev.job_id)
         targets |= {j for j, at in self._watch.items() if at <= now}
         targets |= {i["job_id"] for i in intents}
         targets = {j for j in targets if self._backoff.get(j, 0.0) <= now}
@@ -167,13 +172,20 @@ class Daemon:
                 if fcfg.scan_interval_s else now
             listed = {r.job_id for r in self._rows}
             jobs.update({j: None for j in targets if j not in listed})
-        # a full scan's reads are spread over cycles: a fault never waits behind hundreds of them
-        for jid in list(self._backlog)[:MAX_SCAN_READS]:
-            del self._backlog[jid]
-            if self._backoff.get(jid, 0.0) <= now:
-                targets.add(jid)
         for jid in sorted(targets - set(jobs)):
             self._read(jid, jobs)
+        for jid in jobs:
+            self._backlog.pop(jid, None)
+        # routine reads (a full scan's changes, starts, clean ends) come after those and are spread
+        # over cycles: at most MAX_SCAN_READS and about one poll interval of reading per cycle, so
+        # a fault never waits behind hundreds of them, however slow Slurm answers
+        t_routine = time.monotonic()
+        for jid in list(self._backlog)[:MAX_SCAN_READS]:
+            if time.monotonic() - t_routine > fcfg.poll_interval_s:
+                break
+            del self._backlog[jid]
+            if jid not in jobs and self._backoff.get(jid, 0.0) <= now:
+                self._read(jid, jobs)
         # 2. ... then the nodes: an epilog posts before its job leaves COMPLETING
         fresh: set[int] = set()
         if full or now >= self._next_nodes or any(j is not None and j.state != "RUNNING" for j in jobs.values()):

@@ -3,7 +3,8 @@
 ``PrologSlurmctld`` and ``EpilogSlurmctld`` run on the controller host at every job's start and
 end; slurm-ft's hook (``contrib/slurm-ft-ctld-event``, POSIX sh, no Python: it runs for every
 job) writes one small file per ft job into ``[failover] events_dir``:
-``<ns time>.<job>.<start|end>`` holding ``<start|end> <job> <restart count> <nodes>``. The
+``<ns time>.<job>.<start|end>`` holding ``<start|end> <job> <restart count> <nodes> exit=<status>``
+(``status``: ``SLURM_JOB_EXIT_CODE``, the job's wait status, at an end; ``unknown`` otherwise). The
 daemon reads and deletes them each cycle (:meth:`EventSpool.read`): a local directory scan,
 no Slurm call. An event is only a hint to look at that job now: the daemon reads the job from
 Slurm itself, so a forged or lost event costs at most one RPC or some latency (the node poll and
@@ -30,6 +31,14 @@ class Event:
     job_id: int
     restart: int       # SLURM_JOB_RESTART_COUNT as the hook saw it (already the next one at a requeue)
     nodes: str = ""
+    exit: int | None = None   # the job's wait status at an end (SLURM_JOB_EXIT_CODE); None: not known
+
+    @property
+    def routine(self) -> bool:
+        """A start, or an end with wait status 0: nothing for slurm-ft to decide in a hurry (the
+        daemon reads such jobs after the others, a bounded number per cycle). A hint only: a
+        forged ``exit=0`` delays that job's handling by a few cycles, never changes it."""
+        return self.kind == "start" or self.exit == 0
 
 
 class EventSpool:
@@ -80,4 +89,6 @@ def parse(name: str, text: str) -> Event | None:
     parts = text.split()
     restart = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0
     nodes = parts[3] if len(parts) > 3 and re.fullmatch(r"[A-Za-z0-9_.,\[\]-]{1,4096}", parts[3]) else ""
-    return Event(m.group(2), int(m.group(1)), restart, nodes)
+    status = next((p[5:] for p in parts[4:5] if p.startswith("exit=")), "")
+    exit_status = int(status) if status.isdigit() and len(status) <= 10 else None
+    return Event(m.group(2), int(m.group(1)), restart, "" if nodes == "-" else nodes, exit_status)

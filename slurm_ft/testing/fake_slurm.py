@@ -56,7 +56,11 @@ class FakeEvents:
         for ctx, job_id, restart, nodes in self.slurm.events:
             job = self.slurm.jobs_by_id.get(job_id)
             if job is not None and job.comment.startswith("ft"):
-                out.append(Event("start" if ctx.startswith("prolog") else "end", job_id, restart, nodes))
+                start = ctx.startswith("prolog")
+                # the hook's SLURM_JOB_EXIT_CODE: the job's wait status (0 after a requeue that
+                # left it untouched, as a NODE_FAIL requeue may)
+                out.append(Event("start" if start else "end", job_id, restart, nodes,
+                                 None if start else job.exit_status))
         self.slurm.events.clear()
         return out
 
