@@ -136,7 +136,7 @@ class Loop(threading.Thread):
         self.d.journal.close()
 
 
-def run_daemon(cfg, slurm, env, window_s: float, failovers: int, lab, log) -> dict:
+def run_daemon(cfg, slurm, env, window_s: float, failovers: int, lab, log, probes: int = 11) -> dict:
     """One daemon (``cfg``) for ``window_s`` seconds (RPCs, cycles, user latency), then failovers."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = dataclasses.replace(cfg, journal=dataclasses.replace(cfg.journal, path=f"{tmp}/daemon.db"))
@@ -150,7 +150,7 @@ def run_daemon(cfg, slurm, env, window_s: float, failovers: int, lab, log) -> di
         before = sdiag(env)
         t0 = time.monotonic()
         time.sleep(window_s / 2)
-        sq, sb = user_latency(env)
+        sq, sb = user_latency(env, probes)
         time.sleep(max(0.0, window_s / 2 - (time.monotonic() - t0 - window_s / 2)))
         after = sdiag(env)
         elapsed = time.monotonic() - t0
@@ -194,6 +194,7 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=120.0, help="seconds each daemon is measured")
     ap.add_argument("--poll-window", type=float, default=30.0, help="seconds the full-scan-every-cycle daemon runs")
     ap.add_argument("--failovers", type=int, default=3)
+    ap.add_argument("--probes", type=int, default=11, help="squeue probes per window (sbatch: half as many)")
     ap.add_argument("--keep", action="store_true", help="leave the lab (and its queue) running")
     ap.add_argument("--reuse", action="store_true", help="use the running lab and the jobs it has queued")
     args = ap.parse_args()
@@ -228,13 +229,13 @@ def main() -> int:
             b0 = sdiag(env)
             t0 = time.monotonic()
             time.sleep(args.window / 2)
-            sq0, sb0 = user_latency(env)
+            sq0, sb0 = user_latency(env, args.probes)
             time.sleep(args.window / 2)
             base_elapsed = time.monotonic() - t0
             base_rpc = rpcs(b0, sdiag(env))
             base_rate = base_rpc / base_elapsed
             log(f"size={size} baseline_rpc_per_min={base_rate * 60:.1f} squeue_s={sq0:.3f} sbatch_s={sb0:.3f}")
-            ev = run_daemon(cfg, slurm, env, args.window, args.failovers, lab, log)
+            ev = run_daemon(cfg, slurm, env, args.window, args.failovers, lab, log, args.probes)
             d_rate = max(0.0, ev["rpc"] / ev["elapsed"] - base_rate)
             log(f"size={size} event_daemon_rpc_per_min={d_rate * 60:.1f} cycle_median_s={ev['cycle_median_s']:.4f} "
                 f"cycle_max_s={ev['cycle_max_s']:.3f} full_scan_s={ev['full_scan_s']:.3f} "
@@ -242,7 +243,7 @@ def main() -> int:
                 f"failover_median_s={ev['failover_median_s']:.2f} daemon_cpu_s={ev['cpu_s']:.1f}")
             log(f"size={size} event_daemon_commands_in_window({ev['elapsed']:.0f}s)={ev['calls']}")
             poll_cfg = dataclasses.replace(cfg, failover=dataclasses.replace(cfg.failover, scan_interval_s=0.0))
-            po = run_daemon(poll_cfg, slurm, env, args.poll_window, 1, lab, log)
+            po = run_daemon(poll_cfg, slurm, env, args.poll_window, 1, lab, log, args.probes)
             p_rate = max(0.0, po["rpc"] / po["elapsed"] - base_rate)
             log(f"size={size} poll_daemon_rpc_per_min={p_rate * 60:.1f} cycle_median_s={po['full_scan_s']:.3f} "
                 f"squeue_s={po['squeue_s']:.3f} sbatch_s={po['sbatch_s']:.3f} "
