@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 LAB_DIR ?= /var/tmp/slurm-ft-lab
 
-.PHONY: setup system venv demo test test-unit lab-up lab-down spank bench clean
+.PHONY: setup system venv demo test test-unit test-docker lab-up lab-down spank bench clean
 
 setup: system venv spank
 
@@ -26,10 +26,15 @@ demo: setup
 	$(PY) -m slurm_ft.cli lab demo --dir $(LAB_DIR)
 
 test: setup
-	$(PY) -m pytest -q -ra
+	PY=$(PY) sh scripts/run-tests.sh
 
 test-unit: venv
-	$(PY) -m pytest -q -m "not lab"
+	$(PY) -m pytest -q -m "not lab and not docker"
+
+# The Docker lab suite alone: make test-docker SLURM=22.05
+SLURM ?= 24.11
+test-docker: setup
+	SLURM_FT_LAB_SLURM=$(SLURM) $(PY) -m pytest -q -ra -m docker
 
 lab-up: setup
 	$(PY) -m slurm_ft.cli lab up --dir $(LAB_DIR)

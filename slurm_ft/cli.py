@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import click
 
@@ -170,6 +171,20 @@ def _lab(lab_dir: str):
     return Lab(lab_dir)
 
 
+def _engine_options(f):
+    f = click.option("--slurm", type=click.Choice(["22.05", "24.11"]), envvar="SLURM_FT_LAB_SLURM",
+                     show_envvar=True, default=None,
+                     help="Slurm version of the Docker lab [default: 24.11].")(f)
+    return click.option("--engine", type=click.Choice(["native", "docker"]), default="native", show_default=True,
+                        help="native: daemons on this host (Debian's Slurm); docker: one container per node.")(f)
+
+
+def _docker_lab(slurm: str | None, lab_dir: str):
+    from .lab.docker_engine import DockerLab
+    # the native default directory is not the Docker lab's (/var/tmp/slurm-ft-dlab-<version>)
+    return DockerLab(slurm, None if lab_dir == str(lab_layout.DEFAULT_DIR) else lab_dir)
+
+
 @lab.command("up")
 @click.option("--nodes", type=click.IntRange(1, lab_layout.MAX_NODES), default=3, show_default=True,
               help="Number of slurmd nodes.")
@@ -177,21 +192,48 @@ def _lab(lab_dir: str):
 @click.option("--port-base", type=click.IntRange(1024, 60000), default=None,
               help="slurmctld listens on BASE+17, node nK on BASE+200+K [default: 16800, or the lab's last].")
 @_dir_option
-def lab_up(nodes: int, no_daemon: bool, port_base: int | None, lab_dir: str) -> None:
-    """Start the lab cluster (idempotent; copes with stale state from a killed lab)."""
+@_engine_options
+def lab_up(nodes: int, no_daemon: bool, port_base: int | None, lab_dir: str, engine: str, slurm: str | None) -> None:
+    """Start the lab cluster (idempotent; copes with stale state from a killed lab). With
+    ``--engine docker``: a controller and NODES compute containers of Slurm ``--slurm``
+    (docs/lab.md; the image is built on first use, then cached)."""
     from .lab.cluster import Lab
     try:
-        Lab(lab_dir, port_base).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
+        if engine == "docker":
+            _docker_lab(slurm, lab_dir).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
+        else:
+            Lab(lab_dir, port_base).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
     except SlurmFTError as exc:
         raise _fail(exc) from None
 
 
 @lab.command("down")
 @_dir_option
-def lab_down(lab_dir: str) -> None:
-    """Stop the processes the lab started (by pid); leaves nothing running."""
+@_engine_options
+def lab_down(lab_dir: str, engine: str, slurm: str | None) -> None:
+    """Stop the processes the lab started (by pid); leaves nothing running. With ``--engine
+    docker``: remove that version's lab containers and network."""
     try:
-        _lab(lab_dir).down(log=click.echo)
+        if engine == "docker":
+            _docker_lab(slurm, lab_dir).down(log=click.echo)
+        else:
+            _lab(lab_dir).down(log=click.echo)
+    except SlurmFTError as exc:
+        raise _fail(exc) from None
+
+
+@lab.command("build-image")
+@click.option("--slurm", type=click.Choice(["22.05", "24.11"]), envvar="SLURM_FT_LAB_SLURM", show_envvar=True,
+              multiple=True, help="Slurm version(s) [default: 24.11].")
+def lab_build_image(slurm: tuple[str, ...]) -> None:
+    """Build (or find cached) the Docker lab image of each Slurm version (offline, from Debian's
+    packages); prints the time each takes."""
+    from .lab.docker_engine import build_image
+    try:
+        for version in slurm or ("24.11",):
+            t0 = time.monotonic()
+            tag = build_image(version, log=click.echo)
+            click.echo(f"image {tag} ready in {time.monotonic() - t0:.1f} s")
     except SlurmFTError as exc:
         raise _fail(exc) from None
 

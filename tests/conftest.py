@@ -69,3 +69,25 @@ def ft_history(lab):
             return h if pred(h) else None
         return wait_for(probe, timeout_s, f"ft-history of job {job_id}")
     return get
+
+
+# -- Docker lab (marker ``docker``; SLURM_FT_LAB_SLURM=22.05|24.11 picks the image) --------------
+@pytest.fixture(scope="session")
+def docker_lab():
+    """The Docker lab of ``$SLURM_FT_LAB_SLURM`` (default 24.11), started fresh once per session
+    (a :class:`slurm_ft.lab.docker_engine.DockerLab`) and left running."""
+    if os.geteuid() != 0:
+        pytest.skip("the Docker lab needs root")
+    from slurm_ft.lab.docker_engine import DockerLab
+    lab = DockerLab(os.environ.get("SLURM_FT_LAB_SLURM"))
+    lab.up(nodes=int(os.environ.get("SLURM_FT_DOCKER_NODES", "3")), log=lambda *_: None)
+    return lab
+
+
+@pytest.fixture
+def dslurm(docker_lab):
+    """A Slurm runner for the Docker lab's controller, with every node back, resumed and healthy."""
+    s = docker_lab.slurm()
+    docker_lab.reset(s)
+    yield s
+    docker_lab.reset(s)

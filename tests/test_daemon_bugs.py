@@ -380,17 +380,23 @@ def test_daemon_killed_at_each_call_resumes_once(w, crash_at, after):
         assert [a["status"] for a in j.actions(jid, 0) if a["action"] == "failover"] == ["done"]
 
 
-def test_a_burst_of_ordinary_ends_does_not_delay_a_failover(tmp_path, monkeypatch):
-    """2,000 short jobs on 64 nodes (benchmarks/daemon_fleet.py): a cycle with dozens of jobs
-    completing handled them in job-id order, a failover after all of them (5 s late under load).
-    Faults come first; a finished job's final state costs no scontrol call (Slurm refuses it)."""
+def _burst_of_ends_and_a_fault(tmp_path, monkeypatch, jobs: int = 25):
+    """``jobs`` running jobs on 30 nodes; all end at once, the last with an Xid 79 verdict."""
     w = World(tmp_path, nodes=30, monkeypatch=monkeypatch)
-    ids = [w.start() for _ in range(25)]
+    ids = [w.start() for _ in range(jobs)]
     w.step()
     faulted = ids[-1]
     for jid in ids[:-1]:
         w.slurm.end(jid, "COMPLETED", 0, epilogs=True)
     w.slurm.end(faulted, verdicts={w.job(faulted).nodes[0]: XID79}, epilogs=True)
+    return w, ids, faulted
+
+
+def test_a_burst_of_ordinary_ends_does_not_delay_a_failover(tmp_path, monkeypatch):
+    """2,000 short jobs on 64 nodes (benchmarks/daemon_fleet.py): a cycle with dozens of jobs
+    completing handled them in job-id order, a failover after all of them (5 s late under load).
+    Faults come first; a finished job's final state costs no scontrol call (Slurm refuses it)."""
+    w, ids, faulted = _burst_of_ends_and_a_fault(tmp_path, monkeypatch)
     t0 = w.clock()
     w.step()
     with w.journal() as j:
@@ -423,14 +429,8 @@ def test_routine_events_wait_behind_a_fault_and_are_read_within_a_budget(tmp_pat
     ``exit=0``) are read after the jobs that failed, at most MAX_SCAN_READS per cycle, and all
     of them within a few cycles."""
     from slurm_ft.failover import daemon as daemon_mod
-    w = World(tmp_path, nodes=30, monkeypatch=monkeypatch)
     monkeypatch.setattr(daemon_mod, "MAX_SCAN_READS", 5)
-    ids = [w.start() for _ in range(25)]
-    w.step()
-    faulted = ids[-1]
-    for jid in ids[:-1]:
-        w.slurm.end(jid, "COMPLETED", 0, epilogs=True)
-    w.slurm.end(faulted, verdicts={w.job(faulted).nodes[0]: XID79}, epilogs=True)
+    w, ids, faulted = _burst_of_ends_and_a_fault(tmp_path, monkeypatch)
     reads = len(w.slurm.calls)
     w.step()
     with w.journal() as j:

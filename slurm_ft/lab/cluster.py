@@ -239,29 +239,36 @@ def render_gres_conf(lay: Layout, nodes: list[str]) -> str:
 
 
 def render_ft_conf(lay: Layout) -> str:
-    return f"""# slurm-ft config of the lab cluster (written by `slurm-ft lab up`).
+    return ft_conf_text("lab cluster (written by `slurm-ft lab up`)", str(lay.dir), 3)
+
+
+def ft_conf_text(what: str, root: str, max_nodes: int) -> str:
+    """slurm-ft.toml of a lab (native or Docker) whose files all live under ``root`` (``journal/``,
+    ``log/``, ``nvml/``, ``nodestate/``, ``events/``, ``heartbeat/``); ``what`` names it in the
+    header, ``max_nodes``: the breaker's allowance (every node of the lab)."""
+    return f"""# slurm-ft config of the {what}.
 [journal]
-path = "{lay.daemon_journal}"
-node_path = "{lay.journal_dir}/node-{{node}}.db"
+path = "{root}/journal/daemon.db"
+node_path = "{root}/journal/node-{{node}}.db"
 
 [nvml]
 backend = "fake"
-inventory = "{lay.dir}/nvml/{{node}}.json"
+inventory = "{root}/nvml/{{node}}.json"
 
 [node_state]
-dir = "{lay.dir}/nodestate"
-log = "{lay.log_dir}/node-{{node}}.log"
+dir = "{root}/nodestate"
+log = "{root}/log/node-{{node}}.log"
 
 [slurm]
 command_timeout_s = 10.0
 
 [failover]
 poll_interval_s = 0.2
-events_dir = "{lay.dir}/events"
+events_dir = "{root}/events"
 
 [breaker]
-# a 3-node lab: the tests drain every node in turn (a real site keeps the defaults, docs/security.md)
-max_nodes = 3
+# a {max_nodes}-node lab: the tests drain every node in turn (a real site keeps the defaults, docs/security.md)
+max_nodes = {max_nodes}
 max_fraction = 1.0
 
 [health]
@@ -270,12 +277,12 @@ nvml_timeout_s = 5.0
 
 [hang]
 # short windows for the lab's tests (a real site keeps the defaults: docs/hang.md); heartbeats per
-# node, since every lab node shares this host's /run
+# node, since the nodes of a native lab share one host's /run
 grace_s = 5.0
 poll_s = 2.0
 kill_wait_s = 3.0
 slurm_check_s = 30.0
-heartbeat_dir = "{lay.dir}/heartbeat/{{node}}"
+heartbeat_dir = "{root}/heartbeat/{{node}}"
 """
 
 

@@ -39,7 +39,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -67,6 +66,11 @@ SRC = "/opt/slurm-ft/src"
 VENV = "/opt/slurm-ft/venv"
 SPANK_SO = "/opt/slurm-ft/lib/slurm_ft_spank.so"
 PRIVATE = "/lab"
+#: Capabilities beyond Docker's default set (not ``--privileged``: some hosts withhold
+#: CAP_SYS_RESOURCE, and runc then refuses a privileged container). SYSLOG: read /dev/kmsg;
+#: SYS_PTRACE: /proc of other users' processes (checkpoint delivery); SYS_ADMIN, NET_ADMIN, SYS_NICE,
+#: IPC_LOCK: what slurmd/slurmstepd use.
+CAPS = ("SYSLOG", "SYS_PTRACE", "SYS_ADMIN", "NET_ADMIN", "SYS_NICE", "IPC_LOCK")
 SHARED = "/shared"
 
 
@@ -113,6 +117,56 @@ def _client():
 def _not_found():
     import docker
     return docker.errors.NotFound
+
+
+def read_frames(fp) -> tuple[bytes, bytes]:
+    """stdout and stderr of an exec, read from ``fp`` up to EOF: Docker's multiplexed stream
+    (frames of an 8-byte header, ``stream, 0, 0, 0, size (big-endian u32)``, then ``size`` bytes;
+    stream 1 stdout, 2 stderr). Raises :class:`LabError` on a frame of another stream."""
+    import struct
+    out: dict[int, list[bytes]] = {1: [], 2: []}
+    while True:
+        head = fp.read(8)
+        if not head:
+            break
+        if len(head) < 8:
+            raise LabError(f"docker exec stream cut inside a frame header ({len(head)} of 8 bytes)")
+        stream, size = struct.unpack(">BxxxL", head)
+        if stream not in out:
+            raise LabError(f"docker exec stream out of step: frame of stream {stream}")
+        data = fp.read(size)
+        if len(data) < size:
+            raise LabError(f"docker exec stream cut inside a frame ({len(data)} of {size} bytes)")
+        out[stream].append(data)
+    return b"".join(out[1]), b"".join(out[2])
+
+
+def exec_in(container, argv: list[str], *, user: str = "root", environment: dict | None = None,
+            workdir: str = "/") -> tuple[int, bytes, bytes]:
+    """Run ``argv`` (no shell) in ``container``; returns (exit code, stdout, stderr).
+
+    Not ``Container.exec_run``: docker-py reads the exec's output from the socket *under* the
+    buffered reader that http.client read the response headers through, so whatever output
+    arrived with the headers sits unread in that buffer and is lost. On a busy host (a fast
+    command, a slow client) that happens often: measured on this lab at load ~30, 30 of 400
+    ``squeue --json`` calls failed with ``ValueError: 114 is not a valid stream`` (output bytes
+    taken for a frame header) and a loss on a frame boundary silently cuts the output instead.
+    Here the frames are read through that same buffered reader (docker-py's own request calls)."""
+    api = container.client.api
+    ex = api.exec_create(container.id, argv, stdout=True, stderr=True, user=user,
+                         environment=environment or {}, workdir=workdir)
+    res = api._post_json(api._url("/exec/{0}/start", ex["Id"]), data={"Tty": False, "Detach": False},
+                         headers={"Connection": "Upgrade", "Upgrade": "tcp"}, stream=True)
+    try:
+        api._raise_for_status(res)
+        fp = getattr(getattr(res.raw, "_fp", None), "fp", None)
+        if fp is None:
+            raise LabError("docker exec: no response stream to read (docker SDK changed? see exec_in)")
+        out, err = read_frames(fp)
+    finally:
+        res.close()
+    rc = api.exec_inspect(ex["Id"]).get("ExitCode")
+    return (-1 if rc is None else rc), out, err
 
 
 def _timed(log, what: str, t0: float) -> None:
@@ -267,16 +321,16 @@ def build_image(version: str, log=print, client=None) -> str:
 
 
 # ------------------------------------------------------------------------------------ config
-def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str], slurm_version: str) -> str:
-    """slurm.conf of the Docker lab (controller ``ctl``, nodes with fixed addresses). Lines that
-    differ between Slurm versions come from :func:`slurm_ft.slurm.conf_compat_lines`."""
-    from ..slurm import conf_compat_lines
+def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str]) -> str:
+    """slurm.conf of the Docker lab (controller ``ctl``, nodes with fixed addresses ``ip``), the
+    same for 22.05 and 24.11: both parse ``CredType=cred/munge`` and the old ``CryptoType`` name
+    (22.05 reports ``CredType = cred/munge`` either way; measured in both images)."""
     lines = [
         "# Written by `slurm-ft lab up --engine docker`.",
         f"ClusterName=sftlab{version.replace('.', '')}",
         f"SlurmctldHost=ctl({ip['ctl']})",
         "SlurmUser=root", "SlurmdUser=root",
-        "AuthType=auth/munge", *conf_compat_lines(slurm_version),
+        "AuthType=auth/munge", "CredType=cred/munge",
         f"StateSaveLocation={PRIVATE}/state", f"SlurmdSpoolDir={PRIVATE}/spool",
         f"SlurmctldPidFile={PRIVATE}/run/slurmctld.pid", f"SlurmdPidFile={PRIVATE}/run/slurmd.pid",
         f"SlurmctldLogFile={PRIVATE}/log/slurmctld.log", f"SlurmdLogFile={PRIVATE}/log/slurmd.log",
@@ -285,7 +339,9 @@ def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str], slurm_
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
         "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none", "MpiDefault=none",
+        "MailProg=/bin/true",  # 24.11 logs "Configured MailProg is invalid" when /usr/bin/mail is missing
         "ReturnToService=2", "SlurmdTimeout=10", "InactiveLimit=0", "KillWait=5", "MinJobAge=600",
+        "SlurmdParameters=config_overrides",  # 4 CPUs per node on a 2-core host
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
         "GresTypes=gpu",
         f"Prolog={SRC}/prolog/slurm-ft-prolog", f"Epilog={SRC}/epilog/slurm-ft-epilog",
@@ -302,41 +358,8 @@ def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str], slurm_
 
 def render_ft_conf(nodes: int) -> str:
     """slurm-ft.toml of the Docker lab: every path in the container's own ``/lab``."""
-    return f"""# slurm-ft config of the Docker lab (written by `slurm-ft lab up --engine docker`).
-[journal]
-path = "{PRIVATE}/journal/daemon.db"
-node_path = "{PRIVATE}/journal/node-{{node}}.db"
-
-[nvml]
-backend = "fake"
-inventory = "{PRIVATE}/nvml/{{node}}.json"
-
-[node_state]
-dir = "{PRIVATE}/nodestate"
-log = "{PRIVATE}/log/node-{{node}}.log"
-
-[slurm]
-command_timeout_s = 10.0
-
-[failover]
-poll_interval_s = 0.2
-events_dir = "{PRIVATE}/events"
-
-[breaker]
-max_nodes = {nodes}
-max_fraction = 1.0
-
-[health]
-expected_gpus = {L.GPUS_PER_NODE}
-nvml_timeout_s = 5.0
-
-[hang]
-grace_s = 5.0
-poll_s = 2.0
-kill_wait_s = 3.0
-slurm_check_s = 30.0
-heartbeat_dir = "{PRIVATE}/heartbeat/{{node}}"
-"""
+    from .cluster import ft_conf_text
+    return ft_conf_text("Docker lab (written by `slurm-ft lab up --engine docker`)", PRIVATE, nodes)
 
 
 #: Container entry (run by docker-init as PID 1's child): munge with the key copied in, then
@@ -402,12 +425,11 @@ class DockerSlurm(Slurm):
         argv = ["/usr/bin/timeout", "-k", "2", f"{t:g}", os.path.join(self.bin_dir, cmd), *args]
         user = "root" if as_user is None else f"{as_user[0]}:{as_user[1]}"
         try:
-            rc, (out, err) = self._container.exec_run(argv, environment=self._env, user=user, demux=True,
-                                                       workdir="/")
+            rc, out, err = exec_in(self._container, argv, environment=self._env, user=user)
         except Exception as exc:
             raise SlurmCommandError(f"{cmd}: exec in {self._container.name} failed: {exc}") from None
-        out = (out or b"").decode(errors="replace")
-        err = (err or b"").decode(errors="replace")
+        out = out.decode(errors="replace")
+        err = err.decode(errors="replace")
         if rc in (124, 137) and as_user is None:
             raise SlurmCommandError(f"{cmd} {' '.join(args)}: timed out after {t:g} s")
         proc = subprocess.CompletedProcess([cmd, *args], rc, out, err)
@@ -497,11 +519,13 @@ class DockerLab:
 
     def exec(self, name: str, argv: list[str], *, user: str = "root", env: dict | None = None,
              check: bool = True) -> tuple[int, str]:
-        """Run ``argv`` in container ``name`` (no shell); returns (rc, stdout+stderr text)."""
-        rc, out = self.container(name).exec_run(argv, user=user, environment=env or {}, workdir="/")
-        text = (out or b"").decode(errors="replace")
+        """Run ``argv`` in container ``name`` (no shell); returns (rc, stdout text). Raises
+        :class:`LabError` with the command's stderr when ``check`` and rc != 0."""
+        rc, out, err = exec_in(self.container(name), argv, user=user, environment=env)
+        text = out.decode(errors="replace")
         if check and rc != 0:
-            raise LabError(f"{name}: {' '.join(argv)}: rc {rc}: {text.strip()[-500:]}")
+            why = (err.decode(errors="replace") + text).strip()[-500:]
+            raise LabError(f"{name}: {' '.join(argv)}: rc {rc}: {why}")
         return rc, text
 
     # -- up / down -----------------------------------------------------------------------
@@ -521,8 +545,9 @@ class DockerLab:
         check_lab_dir(self.dir, create=True)
         want = L.node_names(nodes)
         self._fresh_files(want)
-        net = self._network()
-        common = dict(image=tag, detach=True, privileged=True, init=True, network=net.name,
+        self._network()
+        common = dict(image=tag, init=True, cap_add=list(CAPS), devices=["/dev/kmsg:/dev/kmsg:rw"],
+                      security_opt=["seccomp=unconfined", "apparmor=unconfined"],
                       environment={"SLURM_CONF": f"{CONF}/slurm.conf", "SLURM_FT_CONFIG": f"{CONF}/slurm-ft.toml",
                                    "LC_ALL": "C.UTF-8"},
                       labels={"slurm-ft-lab": self.prefix})
@@ -553,7 +578,7 @@ class DockerLab:
         os.chmod(self.jobs_dir, 0o1777)
         conf = self.dir / "conf"
         ip = {n: self.ip(n) for n in ["ctl", *nodes]}
-        (conf / "slurm.conf").write_text(render_slurm_conf(self.version, ip, nodes, self.version))
+        (conf / "slurm.conf").write_text(render_slurm_conf(self.version, ip, nodes))
         last = L.GPUS_PER_NODE - 1
         (conf / "gres.conf").write_text("".join(f"NodeName={n} Name=gpu File=/dev/lab-gpu/nvidia[0-{last}]\n"
                                                 for n in nodes))
@@ -596,8 +621,7 @@ class DockerLab:
             docker.types.Mount(SRC, str(self.dir / "code"), type="bind", read_only=True),
         ]
         c = self.client.containers.create(name=self.container_name(name), hostname=name, mounts=mounts,
-                                          command=[f"{CONF}/entry", name], **{k: v for k, v in common.items()
-                                                                              if k not in ("detach", "network")})
+                                          command=[f"{CONF}/entry", name], **common)
         # the address is fixed (a partitioned node comes back with it): connect by hand
         self.client.networks.get(self.network_name).connect(c, ipv4_address=self.ip(name), aliases=[name])
         try:
@@ -742,26 +766,19 @@ class DockerLab:
         """Write an NVRM Xid line for node ``node``'s GPU ``gpu`` (the Docker lab's bus id) to the
         host's /dev/kmsg, which every container shares; with ``kill``, SIGKILL that GPU's job
         processes in the node's container. Returns ``{"line", "killed"}``."""
-        from .inject import xid_line
+        from .inject import xid_fault
         if not 0 <= gpu < L.GPUS_PER_NODE:
             raise LabError(f"gpu must be 0..{L.GPUS_PER_NODE - 1}, got {gpu}")
         procs = self.job_processes(node, gpu) if kill else []
-        line = xid_line(bus_id(self.version, L.node_number(node), gpu), xid, procs[0][0] if procs else 4242)
-        with open("/dev/kmsg", "w") as fh:
-            fh.write(f"<3>{line}\n")
-        killed = []
-        for pid, job in procs:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append({"pid": pid, "job": job})
-            except ProcessLookupError:
-                pass
-        return {"line": line, "killed": killed}
+        return xid_fault(bus_id(self.version, L.node_number(node), gpu), xid, procs)
 
     # -- jobs ------------------------------------------------------------------------------
     def sbatch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """``sbatch --parsable ARGS`` as root in the controller (the submit host)."""
-        return self.slurm(30).run("sbatch", "--parsable", *args, check=check)
+        """``sbatch --parsable ARGS`` as root in the controller (the submit host), with the
+        image's venv first on PATH (the job inherits it: ``python3`` there can import slurm_ft)."""
+        slurm = self.slurm(30)
+        slurm._env = {**slurm._env, "PATH": f"{VENV}/bin:{SAFE_PATH}"}
+        return slurm.run("sbatch", "--parsable", *args, check=check)
 
     def submit_training(self, *, steps: int = 60, step_time: float = 0.25, extra: list[str] = (),
                         comment: str = "ft") -> Submitted:

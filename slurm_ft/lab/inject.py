@@ -69,9 +69,14 @@ def inject_xid(node: str, xid: int, gpu: int = 0, kill: bool = True) -> dict:
         number = L.node_number(node)
     except ValueError:
         raise LabError(f"{node!r} is not a lab node name (n1, n2, ...)") from None
-    procs = job_processes(node, gpu) if kill else []
-    pid = procs[0][0] if procs else 4242
-    line = xid_line(L.bus_id(number, gpu), xid, pid)
+    return xid_fault(L.bus_id(number, gpu), xid, job_processes(node, gpu) if kill else [])
+
+
+def xid_fault(bus_id: str, xid: int, procs: list[tuple[int, str]]) -> dict:
+    """The fault itself, for a native or a Docker lab node: the Xid line for GPU ``bus_id`` into
+    /dev/kmsg (naming the first of ``procs``, else pid 4242), then SIGKILL to every
+    ``(pid, job)`` of ``procs``. Returns ``{"line", "killed"}``."""
+    line = xid_line(bus_id, xid, procs[0][0] if procs else 4242)
     try:
         with open("/dev/kmsg", "w") as fh:
             fh.write(f"<3>{line}\n")
