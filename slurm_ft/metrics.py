@@ -115,6 +115,14 @@ def journal_counts(journal) -> dict:
     return out
 
 
+def _labelled(family, name: str, doc: str, labels: list[str], counts: dict):
+    """A metric family with one sample per ``counts`` key (a label value, or a tuple of them)."""
+    m = family(name, doc, labels=labels)
+    for key, n in sorted(counts.items()):
+        m.add_metric(list(key) if isinstance(key, tuple) else [key], n)
+    return m
+
+
 def _histogram(name: str, doc: str, values: list[float], buckets=RECOVER_BUCKETS) -> HistogramMetricFamily:
     counts = [(str(b), sum(1 for v in values if v <= b)) for b in buckets]
     counts.append(("+Inf", len(values)))
@@ -149,35 +157,24 @@ class JournalCollector(Collector):
             yield from self._node_metrics()
 
     def _journal_metrics(self, c: dict):
-        m = CounterMetricFamily("slurm_ft_verdicts", "Verdicts recorded, by class and rule", labels=["class", "rule"])
-        for (cls, rule), n in sorted(c["verdicts"].items()):
-            m.add_metric([cls, rule], n)
-        yield m
-        m = CounterMetricFamily("slurm_ft_failovers", "Failovers done, by the verdict's class and rule and "
-                                "whether a node was blamed", labels=["class", "rule", "blamed"])
-        for (cls, rule, blamed), n in sorted(c["failovers"].items()):
-            m.add_metric([cls, rule, blamed], n)
-        yield m
+        yield _labelled(CounterMetricFamily, "slurm_ft_verdicts", "Verdicts recorded, by class and rule",
+                        ["class", "rule"], c["verdicts"])
+        yield _labelled(CounterMetricFamily, "slurm_ft_failovers", "Failovers done, by the verdict's class and rule "
+                        "and whether a node was blamed", ["class", "rule", "blamed"], c["failovers"])
         yield CounterMetricFamily("slurm_ft_failovers_failed", "Failovers Slurm refused (ft state internal-error)",
                                   value=c["failovers_failed"])
-        m = CounterMetricFamily("slurm_ft_decisions", "Decisions other than a failover", labels=["decision"])
-        for d, n in sorted(c["decisions"].items()):
-            m.add_metric([d], n)
-        yield m
-        m = CounterMetricFamily("slurm_ft_drains", "Drains slurm-ft decided on, by outcome", labels=["outcome"])
-        for o, n in sorted(c["drains"].items()):
-            m.add_metric([o], n)
-        yield m
+        yield _labelled(CounterMetricFamily, "slurm_ft_decisions", "Decisions other than a failover", ["decision"],
+                        c["decisions"])
+        yield _labelled(CounterMetricFamily, "slurm_ft_drains", "Drains slurm-ft decided on, by outcome", ["outcome"],
+                        c["drains"])
         yield CounterMetricFamily("slurm_ft_evacuations", "Requeues for evacuations (not faults)",
                                   value=c["evacuations"])
         yield CounterMetricFamily("slurm_ft_continuations", "Requeues at the time limit after an exit checkpoint",
                                   value=c["continuations"])
         yield CounterMetricFamily("slurm_ft_max_retries_exceeded", "Jobs whose retry budget ran out",
                                   value=c["max_retries"])
-        m = GaugeMetricFamily("slurm_ft_jobs", "ft-enabled jobs in the journal, by ft state", labels=["ft_state"])
-        for s, n in sorted(c["jobs"].items()):
-            m.add_metric([s], n)
-        yield m
+        yield _labelled(GaugeMetricFamily, "slurm_ft_jobs", "ft-enabled jobs in the journal, by ft state",
+                        ["ft_state"], c["jobs"])
         yield GaugeMetricFamily("slurm_ft_breaker_open", "1 while the circuit breaker on drains is open",
                                 value=1 if c["breaker_open"] else 0)
         yield _histogram("slurm_ft_time_to_recover_seconds",

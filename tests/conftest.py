@@ -91,3 +91,16 @@ def dslurm(docker_lab):
     docker_lab.reset(s)
     yield s
     docker_lab.reset(s)
+
+
+@pytest.fixture
+def workdir(lab, request):
+    """A fresh job directory under the lab's jobs dir that every user may write, with the
+    repository's ``examples`` linked in (the lab tests' sbatch scripts run from it)."""
+    import time
+    from slurm_ft.lab.layout import repo_root
+    d = lab.lay.jobs_dir / f"{request.module.__name__.rsplit('.', 1)[-1].removeprefix('test_lab_')}-{time.time_ns()}"
+    d.mkdir()
+    d.chmod(0o777)
+    (d / "examples").symlink_to(repo_root() / "examples")
+    return d

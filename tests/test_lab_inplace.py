@@ -16,19 +16,9 @@ from slurm_ft.hang.procs import scan, tasks
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import wait_for
 from slurm_ft.lab.inject import inject_infra
-from slurm_ft.lab.layout import repo_root
 from slurm_ft.slurm import split_nodes
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture
-def workdir(lab):
-    d = lab.lay.jobs_dir / f"inplace-{time.time_ns()}"
-    d.mkdir()
-    d.chmod(0o777)
-    (d / "examples").symlink_to(repo_root() / "examples")
-    return d
 
 
 def test_infra_failures_restart_in_place_twice_then_escalate_to_a_requeue(lab, slurm, workdir):

@@ -37,15 +37,6 @@ def guide_lines() -> list[str]:
     return [line.strip() for line in block.splitlines() if line.strip().startswith("sbatch ")]
 
 
-@pytest.fixture
-def workdir(lab):
-    d = lab.lay.jobs_dir / f"shapes-{time.time_ns()}"
-    d.mkdir()
-    d.chmod(0o777)
-    (d / "examples").symlink_to(repo_root() / "examples")
-    return d
-
-
 def run_line(lab, workdir: Path, line: str) -> int:
     """Run one guide line verbatim (no shell) in ``workdir``; returns the job id."""
     proc = subprocess.run(shlex.split(line), cwd=workdir, env=lab.env(), capture_output=True, text=True, timeout=30)

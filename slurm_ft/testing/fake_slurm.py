@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SlurmCommandError
 from ..failover import mailbox
-from ..slurm import Job, Node, compress_nodes, split_nodes
+from ..slurm import Job, Node, Slurm, compress_nodes, split_nodes
 
 REQUEUE_DELAY_S = 121.0
 MIN_JOB_AGE_S = 600.0
@@ -422,23 +422,13 @@ class FakeSlurm:
         self._leave(after, "scontrol")
         return {} if j is None or j.state != "RUNNING" else {n: {0} for n in j.nodes}
 
-    def update_job(self, job_id: int, **fields: str) -> None:
-        self.run("scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items()))
-
-    def update_node(self, node: str, **fields: str) -> None:
-        self.run("scontrol", "update", f"NodeName={node}", *(f"{k}={v}" for k, v in fields.items()))
-
-    def requeue(self, job_id: int, hold: bool = False) -> None:
-        self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
-
-    def release(self, job_id: int) -> None:
-        self.run("scontrol", "release", str(job_id))
-
-    def drain(self, node: str, reason: str) -> None:
-        self.update_node(node, State="DRAIN", Reason=reason)
-
-    def resume(self, node: str) -> None:
-        self.update_node(node, State="RESUME")
+    # the real client's actions, spelled as it spells them, on top of this fake's ``run``
+    update_job = Slurm.update_job
+    update_node = Slurm.update_node
+    requeue = Slurm.requeue
+    release = Slurm.release
+    drain = Slurm.drain
+    resume = Slurm.resume
 
     def wait_job(self, job_id, pred, timeout_s, interval_s=0.1):
         job = self.job(job_id)
