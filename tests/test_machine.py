@@ -196,3 +196,22 @@ def test_inplace_restart_record_in_the_comment_is_journaled():
     out = m.plan(job("RUNNING", reason="None", comment=rec), facts(), view())
     assert "RecordRestarts" in kinds(out)
     assert "RecordRestarts" not in kinds(m.plan(job("RUNNING", reason="None", comment="hello"), facts(), view()))
+
+
+def test_a_restart_that_may_reuse_a_node_it_left_waits_for_the_revoked_credential():
+    """CI (tests/test_spank_lab.py): a 2-node job on n[1-2] evacuated off n1 (excluded) was
+    given StartTime=now 0.4 s after the requeue, landed on n[2-3] and n2's slurmd refused it
+    ("Killing non-startable batch job: Job credential revoked"): the job ended FAILED. Only a
+    restart whose nodes were all excluded starts at once; the others wait REQUEUE_SETTLE_S."""
+    pend = dict(state="PENDING", restart=1, nodes="", reason="BeginTime", eligible_time=int(NOW + 100))
+    two = ({"attempt": 0, "nodes": "n[1-2]", "start": NOW - 100, "end": NOW - 1, "state": "REQUEUED"},)
+    evac = [act("evacuation", target="n1", created=NOW - 0.4)]
+    out = m.plan(job(**pend, excluded_nodes="n1"), facts(state=policy.EVACUATED, actions=evac, attempts=two), view())
+    assert kinds(out) == ["Wake"] and out[-1].at == NOW - 0.4 + m.REQUEUE_SETTLE_S
+    later = m.plan(job(**pend, excluded_nodes="n1"), facts(state=policy.EVACUATED, actions=evac, attempts=two),
+                   view(now=NOW + 2))
+    assert kinds(later) == ["ClearDelay", "Wake"]
+    # every node it left is excluded (a one-node failover): at once
+    one = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1", created=NOW - 0.4)]
+    out = m.plan(job(**pend, excluded_nodes="n1"), facts(state=policy.FAILOVER, actions=one), view())
+    assert kinds(out) == ["ClearDelay", "Wake"]

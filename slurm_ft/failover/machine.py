@@ -45,7 +45,7 @@ RESTART_WHY = {policy.FAILOVER: "after a failover", policy.REQUEUED: "after a fa
                policy.EVACUATED: "after an evacuation", policy.CONTINUED: "after a time-limit continuation"}
 #: Seconds between a continuation's requeue and ``StartTime=now`` (a job credential created in
 #: the second its predecessor's was revoked is refused by slurmd).
-CONTINUE_SETTLE_S = 2.0
+REQUEUE_SETTLE_S = 2.0
 #: Slurm's INFINITE time limit (``0xfffffffe``) and above: no limit.
 INFINITE_MINUTES = 0xFFFFFFFE
 #: Seconds of slack, besides the job's --ft-ckpt-wait, between the time-limit checkpoint signal
@@ -375,9 +375,9 @@ def _restart(job: Job, f: Facts, v: View, state: str) -> list[Action]:
         # whoever requeued it (this daemon before a crash, `slurm-ft drain --checkpoint`) has not
         # set its exclusions yet: a job started now would run where it must not
         return [Wake(job.job_id, attempt, v.now + 1.0, "requeue not finished")]
-    start, at = _restart_at(f, state, v.now)
+    start, at = _restart_at(job, f, state, v.now)
     if start is None:
-        return [Wake(job.job_id, attempt, at, "continuation settling")] if at else []
+        return [Wake(job.job_id, attempt, at, "requeue settling")] if at else []
     if job.priority == 0 or job.reason not in ("BeginTime", "None", ""):
         return []    # held, a dependency, a reservation...: StartTime=now cannot help (owner's or admin's turn)
     tries = f.acts(attempt, "start-now")
@@ -388,27 +388,25 @@ def _restart(job: Job, f: Facts, v: View, state: str) -> list[Action]:
     return [ClearDelay(job.job_id, attempt, start), Wake(job.job_id, attempt, v.now + v.poll_s, "eligible yet?")]
 
 
-def _restart_at(f: Facts, state: str, now: float) -> tuple[str | None, float | None]:
+def _restart_at(job: Job, f: Facts, state: str, now: float) -> tuple[str | None, float | None]:
     """(``StartTime`` for a job slurm-ft requeued, or None = keep Slurm's delay; when to look
-    again if that changes). A retry that blamed no node keeps the delay: the job may land on the
-    node it just left, whose slurmd refuses it while the revoked credential is current."""
-    if state == policy.CONTINUED:
-        done = [a["created"] for a in f.actions if a["action"] == "continue"]
-        if done and now - done[-1] >= CONTINUE_SETTLE_S:
-            return "now", None
-        return None, (done[-1] + CONTINUE_SETTLE_S) if done else None
-    if state == policy.EVACUATED:
-        # a requeue that excluded no node (an admin's, or the job's own: submitit's `scontrol
-        # requeue` on USR2) may restart on the node it left: as for a continuation, let the
-        # revoked credential's second pass first ("Job credential revoked", measured)
-        done = [a for a in f.actions if a["action"] == "evacuation"]
-        if done and not done[-1]["target"]:
-            if now - done[-1]["created"] >= CONTINUE_SETTLE_S:
-                return "now", None
-            return None, done[-1]["created"] + CONTINUE_SETTLE_S
-        return "now", None
+    again if that changes). A retry that blamed no node keeps the delay. Any other restart that
+    may land on a node the attempt just left (a continuation, an evacuation that excluded no
+    node, a multi-node job that excluded one of its nodes, nodes not on record) waits
+    :data:`REQUEUE_SETTLE_S` after the requeue: that node's slurmd refuses a credential made in
+    the second its predecessor's was revoked ("Job credential revoked", measured on 22.05: the
+    job is killed at launch); one whose nodes are all excluded starts at once."""
     kinds = f.failover_kinds()
-    return (None, None) if kinds and kinds[-1] == "unblamed" else ("now", None)
+    if state in (policy.FAILOVER, policy.REQUEUED) and kinds and kinds[-1] == "unblamed":
+        return None, None
+    attempt = job.restart_count - 1
+    left = set(split_nodes(f.attempt_nodes(attempt)))
+    if left and left <= set(split_nodes(job.excluded_nodes)):
+        return "now", None
+    done = [a["created"] for a in f.acts(attempt, "failover", "evacuation", "continue") if a["status"] == "done"]
+    if done and now - done[-1] >= REQUEUE_SETTLE_S:
+        return "now", None
+    return None, (done[-1] + REQUEUE_SETTLE_S) if done else None
 
 
 def _ack(job: Job, f: Facts) -> RecordAck | None:
