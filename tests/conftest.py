@@ -25,12 +25,16 @@ def _lab_possible() -> str | None:
 
 @pytest.fixture(scope="session")
 def lab():
-    """The running lab cluster (a :class:`slurm_ft.lab.cluster.Lab`)."""
+    """The lab cluster (a :class:`slurm_ft.lab.cluster.Lab`), a fresh incarnation per test session:
+    a lab left running by an earlier session keeps its node journals, whose fault history (the
+    epilog's cross-job rules, e.g. an Xid recurring on one GPU within an hour) would change this
+    session's verdicts. Its journals, outputs and logs are archived, never deleted."""
     why = _lab_possible()
     if why:
         pytest.skip(why)
     from slurm_ft.lab.cluster import Lab
     lab = Lab(LAB_DIR)
+    lab.down(log=lambda *_: None)
     lab.up(nodes=LAB_NODES, daemon=True, log=lambda *_: None)
     lab.daemon_start()  # always the daemon of the code under test
     return lab
