@@ -54,46 +54,52 @@ def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str) 
 @main.command()
 @click.argument("node")
 @click.option("--checkpoint", is_flag=True,
-              help="Before requeueing, signal the ft-enabled jobs on NODE to checkpoint and wait for their ack.")
+              help="Also evacuate NODE's ft-enabled jobs: the daemon signals each to checkpoint, waits for its "
+                   "save (the job's --ft-ckpt-wait) and requeues it excluding NODE; this command follows the "
+                   "daemon journal and reports.")
 @click.option("--reason", help="Drain reason (default: 'slurm-ft: drain --checkpoint by admin').")
-@click.option("--wait", "wait_s", type=click.IntRange(1, 3600),
-              help="Wait at most this long for each job's ack (default: the job's --ft-ckpt-wait).")
+@click.option("--timeout", "timeout_s", type=click.IntRange(1, 7200),
+              help="With --checkpoint: follow the daemon journal at most this long (default: the longest "
+                   "--ft-ckpt-wait of the jobs + 60 s); the evacuation itself goes on in the daemon.")
 @click.option("--job", "only_jobs", type=click.IntRange(min=1), multiple=True,
               help="With --checkpoint: evacuate only this job (repeatable; default: every ft job on NODE).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
-def drain(node: str, checkpoint: bool, reason: str | None, wait_s: int | None, only_jobs: tuple[int, ...],
+def drain(node: str, checkpoint: bool, reason: str | None, timeout_s: int | None, only_jobs: tuple[int, ...],
           config_path: str | None) -> None:
-    """Drain NODE (root, controller host); with --checkpoint, checkpoint-before-exit its ft-enabled
-    jobs (signal the processes that catch the job's checkpoint signal, wait for the save) and
-    requeue them excluding NODE. Exit status 3 when a job ended instead of saving, did not ack
-    in time, or could not be requeued; 0 when each one saved (or had nothing that could save
-    and was requeued)."""
-    from .checkpoint.evacuate import LEADER, drain as drain_with_reason, evacuate_node
+    """Drain NODE (root, controller host). With --checkpoint, ask the daemon to evacuate its
+    ft-enabled jobs (an evacuate-request row in the daemon journal; the daemon carries it out as
+    any evacuation, within [failover] max_evacuations, priority_boost and priority_ceiling) and
+    report each job from the journal. Exit status 3 when a job did not save within its wait,
+    ended instead of saving, was not evacuated, or the daemon did not answer within --timeout;
+    0 when each one saved (or had nothing that could save and was requeued)."""
+    from .failover import evacuation
     from .journal import open_daemon_journal
     from .slurm import Slurm
+    from .textsafe import terminal_safe
+    say = lambda line: click.echo(terminal_safe(line))  # noqa: E731  (journal text is job text)
     try:
         cfg = config_mod.load(config_path)
         slurm = Slurm.from_config(cfg)
+        if not checkpoint:
+            say(f"{node}: {evacuation.drain(slurm, node, reason or 'drained by admin')}")
+            return
         with open_daemon_journal(cfg) as journal:
-            if not checkpoint:
-                click.echo(f"{node}: {drain_with_reason(slurm, node, reason or f'{LEADER} drained by admin')}")
+            line, requests, left = evacuation.request(slurm, journal, node, cfg.failover, reason=reason,
+                                                      only_jobs=list(only_jobs) or None)
+            say(f"{node}: {line}")
+            for o in left:
+                say(f"job {o.job_id}: {o.line()}")
+            if not requests:
+                say(f"{node}: no ft-enabled job to evacuate")
                 return
-            outcomes = evacuate_node(slurm, journal, node, default_retries=cfg.failover.retries, reason=reason,
-                                     wait_s=wait_s, priority_boost=cfg.failover.priority_boost,
-                                     only_jobs=list(only_jobs) or None,
-                                     why=f"node {node}: {reason}" if reason else None, log=click.echo,
-                                     failover_cfg=cfg.failover)
+            limit = timeout_s or evacuation.default_timeout_s(requests)
+            say(f"{node}: asked the daemon to evacuate job(s) {', '.join(str(r.job_id) for r in requests)}; "
+                f"following its journal for up to {limit:g} s")
+            outcomes = evacuation.follow(journal, requests, limit, report=say)
     except SlurmFTError as exc:
         raise _fail(exc) from None
-    bad = 0
-    for o in outcomes:
-        if o.result == "skipped":
-            click.echo(f"job {o.job_id}: left running ({o.detail})")
-        elif o.result != "saved" and not (o.result == "unprepared" and o.requeued):
-            bad += 1
-    if bad:
-        # the job died instead of saving, never acked, or was not requeued: the admin must know
-        raise SystemExit(3)
+    if not all(o.ok for o in outcomes):
+        raise SystemExit(3)   # the admin must know: a job did not save, or was not evacuated
 
 
 @main.command()

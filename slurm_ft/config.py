@@ -64,7 +64,9 @@ class FailoverConfig:
     max_evacuations: int = 10
     #: Requeues per job at its time limit after an exit checkpoint (``timeout`` once used up).
     #: Not faults, never taken from ``retries``; 0 = ft jobs simply end at their time limit.
-    max_continuations: int = 10
+    #: A ``saved`` ack is the job's own word: each one buys at most one more time limit, so the
+    #: bound caps what a job that lies gets (3x its wall time at the default).
+    max_continuations: int = 2
     #: An attempt with no root cause on any node (only ``unknown`` verdicts, e.g. every rank saw
     #: a peer vanish) is retried once elsewhere without a drain (within ``unblamed_retries``)
     #: when true; ends ``failed`` when false.
@@ -129,6 +131,12 @@ class NodeStateConfig:
     dir: str = "/var/lib/slurm-ft/jobs"
     #: Log file of the prolog/epilog (``{node}`` replaced); "" = stderr only (slurmd drops it).
     log: str = ""
+    #: How a root hook (prolog, epilog, hang watcher) exits after an *unexpected* error of
+    #: slurm-ft's own (a bug; see slurm_ft.boundary): ``pass`` (exit 0: the job runs / the node
+    #: stays in service; the error is logged with its traceback, to syslog and counted in
+    #: ``slurm_ft_internal_errors_total``) or ``drain`` (exit 1: Slurm drains the node with
+    #: "Prolog error"/"Epilog error"). A failing health check drains either way.
+    on_internal_error: str = "pass"
 
 
 @dataclass(frozen=True)
@@ -273,6 +281,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"nvml.backend: real or fake, got {cfg.nvml.backend!r}")
     if cfg.nvml.backend == "fake" and not cfg.nvml.inventory:
         raise ConfigError("nvml.inventory: required when nvml.backend = 'fake'")
+    if cfg.node_state.on_internal_error not in ("pass", "drain"):
+        raise ConfigError(f"node_state.on_internal_error: 'pass' or 'drain', got {cfg.node_state.on_internal_error!r}")
     if cfg.slurm.command_timeout_s <= 0:
         raise ConfigError("slurm.command_timeout_s: must be > 0")
     h = cfg.hang

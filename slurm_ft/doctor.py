@@ -306,8 +306,13 @@ def _journal_check(name: str, path: Path) -> Check:
         try:
             with open_journal(path, readonly=True) as j:
                 jobs = j.db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+                dead = j.dead_letter_count()
         except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file is a FAIL, never a traceback
             return Check(name, "FAIL", f"{path}: {exc}", "move the file aside; the writer makes a new one")
+        if dead:   # spooled writes the database refused (slurm_ft.journal.store.Journal.flush)
+            return Check(name, "WARN", f"{path} ({jobs} jobs): {dead} spooled write(s) refused and set aside "
+                         f"in its dead_letters table", f"sqlite3 {path} 'SELECT * FROM dead_letters'; "
+                         f"report them, then delete the rows")
         return Check(name, "OK", f"{path} ({jobs} jobs)")
     d = path.parent
     while not d.exists() and d != d.parent:

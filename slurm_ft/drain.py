@@ -23,9 +23,11 @@ def drain_reason(job_id: int, verdict: dict) -> str:
     or the journal gives it): ``slurm-ft: Xid 79 GPU 0000:10:00 (job 12)`` (every distinct Xid
     code, up to three: ``Xid 79,48 GPU ...``; the first one's bus id), else
     ``slurm-ft: <rule> (job 12)`` with a ``verified:`` prefix moved behind the rule
-    (``slurm-ft: cuda-ecc-uncorrectable, verified (job 12)``). The first 20 characters (what
-    ``sinfo -R`` shows) name slurm-ft and the fault; ``(job N)`` always ends it (the drain report
-    reads it)."""
+    (``slurm-ft: cuda-ecc-uncorrectable, verified (job 12)``). The rule is the fault's: a verdict
+    whose rule does not name it (a job that exited 0 on a node with a trusted fault: rule
+    ``clean-exit``) carries the winning hardware rule as ``cause``, and that is named
+    (``slurm-ft: gpu-fallen-off-bus (job 12)``). The first 20 characters (what ``sinfo -R``
+    shows) name slurm-ft and the fault; ``(job N)`` always ends it (the drain report reads it)."""
     xids = [x for x in verdict.get("xids") or [] if isinstance(x, dict) and "xid" in x]
     if xids:
         codes: list[str] = []
@@ -35,7 +37,7 @@ def drain_reason(job_id: int, verdict: dict) -> str:
         bus = next((x["bus_id"] for x in xids if x.get("bus_id")), None)
         where = f" GPU {bus}" if bus else ""
         return f"{LEADER} Xid {','.join(codes[:3])}{where} (job {job_id})"
-    rule = str(verdict.get("rule") or "fault")
+    rule = str(verdict.get("cause") or verdict.get("rule") or "fault")
     if rule.startswith(VERIFIED):
         rule = f"{rule[len(VERIFIED):]}, verified"
     return f"{LEADER} {rule} (job {job_id})"

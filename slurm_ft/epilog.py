@@ -8,8 +8,10 @@ inventory (NVML). Writes: the node's own journal; a non-ok verdict also goes to 
 field in Slurm (see ``failover.mailbox``), where the daemon picks it up. The verdict is filed under
 the attempt that ran here (the prolog's start marker), not Slurm's restart count at the end.
 
-Always exits 0: a non-zero epilog would make Slurm drain the node as "Epilog error", and a bug of
-ours must never take a healthy node out of service. Errors go to stderr (slurmd's log).
+Exits 0: a non-zero epilog would make Slurm drain the node as "Epilog error", and a bug of ours
+must never take a healthy node out of service (an unexpected error goes through slurm_ft.boundary;
+only ``[node_state] on_internal_error = "drain"`` makes it exit 1). Errors go to stderr (slurmd's
+log) and the node log.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import sys
 import time
 
+from .boundary import note, root_entry
 from .errors import SlurmFTError
 from .nodejob import NodeJob, pop_start_marker
 from .nodelog import start_script
@@ -28,15 +31,26 @@ FALLBACK_WINDOW_S = 3600.0
 STDERR_TAIL_BYTES = 64 << 10
 
 
-def expand_output_pattern(pattern: str, job: NodeJob) -> str | None:
+#: Slurm pads a number in a filename pattern to at most this many digits (sbatch(1): "The
+#: maximal number is 10").
+PATTERN_MAX_WIDTH = 10
+
+
+def expand_output_pattern(pattern: str | bytes, job: NodeJob) -> str | None:
     """Expand the Slurm filename pattern of the job's output for this node.
 
     Only the job-level escapes are expanded (``%j %J %A %u %N %n %t %%``, with zero-padding
-    widths such as ``%4j``); for any other (``%x``, the job name, is not known here) None is returned
-    so we never guess a path. Source: sbatch(1), "filename pattern".
+    widths such as ``%4j``, ASCII digits, capped at :data:`PATTERN_MAX_WIDTH`); for any other
+    (``%x``, the job name, is not known here) None is returned so we never guess a path. Source:
+    sbatch(1), "filename pattern".
+
+    The pattern is the user's (``sbatch -o/-e``) and may hold any bytes but NUL: a ``bytes``
+    pattern is decoded with ``os.fsdecode``, and a non-UTF-8 byte stays a surrogate escape
+    (PEP 383, as ``os.environ`` gives it), so ``os.fsencode`` of the result is the exact path;
+    never print it raw (:mod:`slurm_ft.textsafe`).
     """
-    if "%x" in pattern or "%a" in pattern:
-        return None
+    if isinstance(pattern, (bytes, bytearray)):
+        pattern = os.fsdecode(bytes(pattern))
     out, i = [], 0
     subs = {"j": str(job.job_id), "J": str(job.job_id), "A": str(job.job_id), "N": job.node, "n": "0",
             "t": "0", "%": "%"}
@@ -44,7 +58,7 @@ def expand_output_pattern(pattern: str, job: NodeJob) -> str | None:
         c = pattern[i]
         if c == "%" and i + 1 < len(pattern):
             j = i + 1
-            while j < len(pattern) and pattern[j].isdigit():
+            while j < len(pattern) and pattern[j] in "0123456789":
                 j += 1
             key = pattern[j] if j < len(pattern) else ""
             if key == "u":
@@ -54,7 +68,7 @@ def expand_output_pattern(pattern: str, job: NodeJob) -> str | None:
                 except KeyError:
                     return None
             elif key in subs:
-                width = int(pattern[i + 1:j] or 0)  # "%4j" zero-pads numbers to 4 digits
+                width = min(int(pattern[i + 1:j] or 0), PATTERN_MAX_WIDTH)  # "%4j": 4 digits
                 out.append(subs[key].zfill(width) if subs[key].isdigit() else subs[key])
             else:
                 return None
@@ -76,13 +90,13 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
     from .classify.sources import read_kmsg, read_tail_safely
 
     node_bus: dict[str, int] | None = None
-    job_bus: frozenset[str] | None = None
+    # without a GPU map a job without GPUs still owns none (a GPU job's bus ids are then unknown)
+    job_bus: frozenset[str] | None = frozenset() if job.gpus is None else None
     try:
         nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(job.node) if cfg.nvml.inventory else None)
         node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
-        if job.gpus is not None:
-            by_index = {i: b for b, i in node_bus.items()}
-            job_bus = frozenset(by_index[g] for g in job.gpus if g in by_index)
+        by_index = {i: b for b, i in node_bus.items()}  # SLURM_JOB_GPUS unset: the job owns no GPU
+        job_bus = frozenset(by_index[g] for g in (job.gpus or ()) if g in by_index)
     except Exception as exc:  # NVML down is evidence-poor, not fatal
         log(f"GPU inventory unavailable: {exc}")
     try:
@@ -97,10 +111,12 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
         if not path or path in seen:
             continue
         seen.add(path)
-        try:
-            tail += read_tail_safely(path, expected_uid=job.uid, max_bytes=STDERR_TAIL_BYTES)
+        try:  # as the job's user, symlinks never followed, bounded in bytes and seconds (userfile)
+            text = read_tail_safely(path, expected_uid=job.uid, max_bytes=STDERR_TAIL_BYTES)
         except SlurmFTError as exc:
             log(f"job output not read: {exc}")
+            continue
+        tail += text if not tail or tail.endswith("\n") else "\n" + text
     return Evidence(kernel_lines=kernel, stderr_tail=tail, exit_code=job.exit_code, signal=job.signal,
                     job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time(), kernel_records=True)
 
@@ -147,11 +163,14 @@ def with_prior_xids(cfg, job: NodeJob, evidence, policy, log):
     return dataclasses.replace(evidence, prior_xids=prior, now=now) if prior else evidence
 
 
+@root_entry("epilog")
 def run(env: dict[str, str] | None = None) -> int:
-    """The whole epilog; returns the process exit status (always 0, see module doc)."""
+    """The whole epilog; returns the process exit status (0; an unexpected error goes through
+    slurm_ft.boundary: 0 under ``[node_state] on_internal_error = "pass"``, 1 under ``"drain"``)."""
     job, cfg, log = start_script("epilog", env)
     if cfg is None:
         return 0
+    note(cfg=cfg, node=job.node, log=log)
     try:
         marker = pop_start_marker(cfg.node_state.dir, job)
         job = attempt_that_ran(job, marker)
@@ -166,9 +185,6 @@ def run(env: dict[str, str] | None = None) -> int:
             log("hang watcher still running at the job's end: stopped")
     except SlurmFTError as exc:
         log(f"error: {exc}")
-    except Exception as exc:  # never fail the epilog: log and let the daemon see a missing verdict
-        import traceback
-        log(f"internal error: {exc!r}\n{traceback.format_exc()}")
     return 0
 
 
@@ -178,7 +194,9 @@ VERIFIED, UNVERIFIED = "verified:", "unverified:"
 
 
 def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
-    """Resolve a verdict whose hardware evidence is only the job's own output (action ``verify``).
+    """Resolve a verdict whose hardware evidence is only the job's own output (action ``verify``),
+    or that carries *unplaced* kernel records (``verdict.unplaced``: hardware records that name no
+    GPU of this job or node, e.g. ``NVRM: Xid: 79,`` without a bus id).
 
     The job's output is untrusted: it may print ``uncorrectable ECC error encountered`` without
     any fault.  So the trusted checks (NVML, read by root: ``slurm_ft.health``) run on this node
@@ -186,7 +204,15 @@ def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
     ``hardware`` (rule ``verified:<row>``, drain); otherwise it is ``unknown`` (rule
     ``unverified:<row>``, action ``retry``: the daemon may retry the job elsewhere without
     blaming the node, within the site's unblamed-retry budget).  Checks that cannot run never
-    confirm.  Every other verdict is returned unchanged.  ``run_checks``: for tests.
+    confirm.  The job's GPUs are ``SLURM_JOB_GPUS``: a job without GPUs owns none, so only a
+    node-level check confirms for it; another job's failing GPU never does.
+
+    Unplaced records are attributed to no job and decide nothing by themselves: they only make the
+    trusted checks run.  A failing check drains the node (rule ``verified:unplaced``; the verdict
+    becomes ``hardware`` only when the failing check is node-level or on one of the job's GPUs and
+    the job did not end cleanly, else the verdict stays and ``cause`` names it); none failing (or
+    checks that cannot run) leaves the verdict unchanged.  Every other verdict is returned
+    unchanged.  ``run_checks``: for tests.
     """
     import dataclasses
 
@@ -194,7 +220,8 @@ def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
     from .health import unhealthy
     from .health.actions import journal_results
 
-    if verdict.action != "verify":
+    unplaced = tuple(getattr(verdict, "unplaced", ()) or ())
+    if verdict.action != "verify" and (not unplaced or verdict.action in ("drain_node", "reset_gpu")):
         return verdict
     if run_checks is None:
         from .health import run_checks
@@ -205,14 +232,27 @@ def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
         results = []
     if results:
         journal_results(cfg, job.node, results, job.job_id, log)
-    mine = [r for r in unhealthy(results) if r.gpu is None or job.gpus is None or r.gpu in job.gpus]
+    failing = unhealthy(results)
+    mine = [r for r in failing if r.gpu is None or r.gpu in (job.gpus or ())]
+    if verdict.action != "verify":  # only unplaced records: they decide nothing by themselves
+        if not failing:
+            log(f"unplaced kernel record(s) ({unplaced[0][:120]!r}); trusted checks found nothing")
+            return verdict
+        first = (mine or failing)[0]
+        lines = (f"trusted check {first.check} failed: {first.measurement}", *unplaced, *verdict.evidence)
+        log(f"unplaced kernel record(s); trusted check {first.check} failed: draining {job.node}")
+        if mine and verdict.verdict != "ok":
+            return dataclasses.replace(verdict, verdict="hardware", rule=f"{VERIFIED}unplaced", action="drain_node",
+                                       evidence=lines[:MAX_EVIDENCE_LINES])
+        return dataclasses.replace(verdict, action="drain_node", cause=f"{VERIFIED}unplaced",
+                                   evidence=lines[:MAX_EVIDENCE_LINES])
     if mine:
         first = mine[0]
         lines = (f"trusted check {first.check} failed: {first.measurement}", *verdict.evidence)
         log(f"job output suggested hardware ({verdict.rule}); confirmed by {first.check}")
         return dataclasses.replace(verdict, verdict="hardware", rule=f"{VERIFIED}{verdict.rule}", action="drain_node",
                                    evidence=lines[:MAX_EVIDENCE_LINES])
-    gpus = ",".join(map(str, job.gpus)) if job.gpus else "all"
+    gpus = ",".join(map(str, job.gpus)) if job.gpus else "none"
     lines = (f"trusted GPU checks ({len(results)} results, GPUs {gpus}) found no fault", *verdict.evidence)
     log(f"job output suggested hardware ({verdict.rule}); trusted checks found nothing: not blaming {job.node}")
     return dataclasses.replace(verdict, verdict="unknown", rule=f"{UNVERIFIED}{verdict.rule}", action="retry",

@@ -291,7 +291,7 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float) -> tuple
 
 
 def _checkpoint(actions: list[dict]) -> dict | None:
-    """The attempt's exit checkpoint (slurm_ft/checkpoint/evacuate.py): result, step, path."""
+    """The attempt's exit checkpoint (slurm_ft/failover/ckpt_signal.py, the daemon's evacuation): result, step, path."""
     ckpt = [x for x in actions if x["action"].startswith("ckpt-")]
     if not ckpt:
         return None

@@ -227,7 +227,8 @@ def hang_posted(cfg, slurm, env, since_wall: float) -> str | None:
 
 
 def kernel_since(cfg, env, since_mono: float) -> tuple[list[str], dict | None, frozenset | None, str]:
-    """This node's kernel log since the step started, with its GPUs' bus ids for attribution;
+    """This node's kernel log since the step started, with its GPUs' bus ids for attribution (the
+    job's GPUs from ``SLURM_JOB_GPUS``: none set, the job owns no GPU and its bus-id set is empty);
     ([], None, None, why) when the user may not read it."""
     from .classify.sources import read_kmsg
     try:
@@ -241,10 +242,10 @@ def kernel_since(cfg, env, since_mono: float) -> tuple[list[str], dict | None, f
         node = env.get("SLURMD_NODENAME", "")
         nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.inventory else None)
         node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
-        mine = [int(g) for g in (env.get("SLURM_JOB_GPUS") or "").split(",") if g.strip().isdigit()]
-        if mine:
-            by_index = {i: b for b, i in node_bus.items()}
-            job_bus = frozenset(by_index[g] for g in mine if g in by_index)
+        from .nodejob import parse_gpu_list
+        mine = parse_gpu_list(env.get("SLURM_JOB_GPUS")) or ()  # none: the job owns no GPU
+        by_index = {i: b for b, i in node_bus.items()}
+        job_bus = frozenset(by_index[g] for g in mine if g in by_index)
     except Exception:  # no NVML: Xids are then not attributed to this node's GPUs at all
         return [], None, None, "kernel log not used (this node's GPUs unknown)"
     return lines, node_bus, job_bus, ""

@@ -8,9 +8,12 @@ the queue is long (measured: ``sdiag`` deltas, shared/SLURM_LAB_NOTES.md). ``sco
 has no ``--json`` on 22.05, so its text is parsed here into the keys of a 22.05 ``squeue --json``
 record, which :meth:`slurm_ft.slurm.Job.from_json` reads as usual.
 
-The text holds user-chosen values (job name, comment, working directory). A value with a newline
-could forge a ``Key=value`` line, so the parse is refused (None; the caller then asks
-``squeue --json``) when any key appears twice or the free-text lines are out of Slurm's order.
+The text holds user-chosen values (job name, command, working directory, comment, output paths),
+which may hold newlines and blank lines. Fields are found by where Slurm prints them, never by what
+a value holds (:func:`split_record`): the record is anchored on its ``JobId=`` line and blank lines
+never end it; a line that is not a field line is more of the free-text value above it; a value
+that forges a field line is refused (None; the caller then asks ``squeue --json``), since the
+forged key either repeats one Slurm prints or sits where Slurm never prints it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,24 @@ import re
 import time
 from dataclasses import dataclass
 
-#: Lines whose whole rest is one value (may hold spaces), in the order Slurm prints them.
-FREE_TEXT = ("Command", "WorkDir", "AdminComment", "SystemComment", "Comment", "StdErr", "StdIn", "StdOut", "Power")
+#: Lines whose whole rest is one value (may hold spaces and, for the user's own, newlines).
+FREE_TEXT = ("Command", "WorkDir", "AdminComment", "SystemComment", "Comment", "StdErr", "StdIn", "StdOut",
+             "BurstBuffer", "MailUser", "Container", "SELinuxContext")
+#: The keys slurm-ft reads, and the ones Slurm always prints around them, in the order Slurm
+#: prints them (src/api/job_info.c ``slurm_sprint_job_info``, 22.05 to 24.11). Other keys are
+#: passed over (they differ between versions).
+ORDER = ("JobId", "ArrayJobId", "ArrayTaskId", "HetJobId", "HetJobOffset", "JobName", "UserId", "GroupId",
+         "Priority", "JobState", "Reason", "FailedNode", "Dependency", "Requeue", "Restarts", "ExitCode", "RunTime",
+         "TimeLimit", "SubmitTime", "EligibleTime", "StartTime", "EndTime", "Partition", "ReqNodeList",
+         "ExcNodeList", "NodeList", "NumNodes", "Features", "Reservation", "OverSubscribe", "Command", "WorkDir",
+         "AdminComment", "SystemComment", "Comment", "StdErr", "StdIn", "StdOut")
+_RANK = {k: i for i, k in enumerate(ORDER)}
+#: Fields Slurm prints as ``Key=%s `` (one trailing space that is not the value's).
+_TRAILING_SPACE = ("AdminComment", "SystemComment", "Comment")
+_FIELD = re.compile(r"^   ([A-Za-z][A-Za-z0-9_/:]*)=")
 #: 22.05 JSON's value for an unlimited time limit.
 UNLIMITED = None
-_FIRST = re.compile(r"^JobId=(\d+)(?:\s.*?)?\sJobName=(.*)$")
+_FIRST = re.compile(r"^JobId=(\d+)(?: [^ ]*?)*? JobName=(.*)$")
 _OWNER = re.compile(r"^(.*)\((\d+)\)$")
 
 
@@ -63,43 +79,79 @@ def _wait_status(value: str) -> int:
 
 
 def parse_show_job(text: str, job_id: int) -> dict | None:
-    """The record of ``job_id`` in ``scontrol show job`` output as a 22.05 ``squeue --json`` job
-    dict; None when it is not there or its text is ambiguous (see the module doc)."""
-    for block in re.split(r"\n\s*\n", text.strip()):
-        lines = block.splitlines()
-        m = _FIRST.match(lines[0].strip()) if lines else None
-        if m is None or int(m.group(1)) != job_id:
-            continue
-        return _record(lines, job_id, m.group(2))
-    return None
+    """The record of ``job_id`` in ``scontrol show job J`` output (multi-line form) as a 22.05
+    ``squeue --json`` job dict; None when it is not there or its text is ambiguous (the caller
+    then asks ``squeue --json``). See :func:`split_record` for what the text may hold."""
+    fields = split_record(text, job_id)
+    if fields is None:
+        return None
+    return _record(fields, job_id, fields["JobName"])
 
 
-def _record(lines: list[str], job_id: int, name: str) -> dict | None:
-    kv: dict[str, str] = {}
-    order = -1
-    for line in lines[1:]:
-        s = line.strip()
-        if not s:
-            continue
-        key, eq, value = s.partition("=")
+def split_record(text: str, job_id: int) -> dict[str, str] | None:
+    """``{key: value}`` of job ``job_id``'s record, split by where Slurm puts its fields, never by
+    what the values hold (src/api/job_info.c ``slurm_sprint_job_info``):
+
+    * the record is anchored on its ``JobId=J`` line (column 0); the output must hold exactly one
+      record (a second ``JobId=`` line at column 0 is either another job, an array or a
+      heterogeneous job, or a value that forges one: refused). Blank lines never end it.
+    * lines split on ``\\n`` only (never on the other characters ``str.splitlines`` takes);
+    * a field line starts with three spaces and ``Key=``; the free-text fields (:data:`FREE_TEXT`,
+      ``JobName``) take the rest of their line, and every following line that is not a field line
+      is more of that value (a value with newlines and blank lines stays whole); other lines hold
+      space-separated ``Key=value`` tokens;
+    * the keys of :data:`ORDER` must each appear at most once and in Slurm's order, so a value
+      that forges a field line (``WorkDir=/x\\n   JobState=COMPLETED``) is refused: the forged
+      key either repeats one Slurm prints, or sits where Slurm never prints it.
+
+    None when the record is missing or refused."""
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.startswith("JobId=")]
+    if len(starts) != 1 or any(line.strip() for line in lines[:starts[0]]):
+        return None
+    m = _FIRST.match(lines[starts[0]])
+    if m is None or int(m.group(1)) != job_id:
+        return None
+    body = lines[starts[0] + 1:]
+    while body and not body[-1].strip():
+        body.pop()                       # the record's end: "\n   \n\n"
+    fields: dict[str, str] = {"JobId": m.group(1), "JobName": m.group(2)}
+    seen = ["JobId", "JobName"]
+    free: str | None = "JobName"         # the free-text field that further non-field lines extend
+    for line in body:
+        key = _field_key(line)
+        if key is None:
+            if free is not None:
+                fields[free] += "\n" + line
+            continue                     # a stray line after a structured field: nothing is read from it
         if key in FREE_TEXT:
-            pos = FREE_TEXT.index(key)
-            if key in kv or pos <= order:
-                return None
-            order = pos
-            kv[key] = value[:-1] if value.endswith(" ") else value
-            continue
-        if order >= FREE_TEXT.index("Comment"):
-            continue            # after the comment: only fields slurm-ft never reads
-        if order >= 0 and not line.startswith("   "):
-            return None
-        for token in s.split():
-            k, eq, v = token.partition("=")
-            if not eq:
-                continue
-            if k in kv:
-                return None
-            kv[k] = v
+            tokens = [(key, line[3 + len(key) + 1:])]
+            free = key
+        else:
+            tokens = [tuple(t.split("=", 1)) for t in line.split(" ") if "=" in t]
+            free = None
+        for k, v in tokens:
+            if k in fields:
+                return None              # Slurm prints each key once
+            fields[k] = v
+            if k in _RANK:
+                seen.append(k)
+    ranks = [_RANK[k] for k in seen]
+    if ranks != sorted(ranks):
+        return None                      # a key where Slurm never prints it
+    for k in _TRAILING_SPACE:
+        if k in fields and fields[k].endswith(" "):
+            fields[k] = fields[k][:-1]
+    return fields
+
+
+def _field_key(line: str) -> str | None:
+    """``Key`` of a field line (``   Key=...``), else None."""
+    m = _FIELD.match(line)
+    return m.group(1) if m else None
+
+
+def _record(kv: dict[str, str], job_id: int, name: str) -> dict | None:
     try:
         user = _OWNER.match(kv.get("UserId", ""))
         group = _OWNER.match(kv.get("GroupId", ""))
@@ -120,6 +172,7 @@ def _record(lines: list[str], job_id: int, name: str) -> dict | None:
             "requeue": kv.get("Requeue", "0") == "1", "partition": kv.get("Partition", ""),
             "dependency": _null(kv.get("Dependency", "")), "features": _null(kv.get("Features", "")),
             "resv_name": _null(kv.get("Reservation", "")),
+            "failed_node": _null(kv.get("FailedNode", "")),   # Slurm >= 23.02 prints it
         }
     except (KeyError, ValueError):
         return None

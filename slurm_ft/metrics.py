@@ -1,9 +1,12 @@
 """Prometheus metrics of slurm-ft, computed from the daemon journal (and ``sinfo`` for the nodes
 out of service) at each scrape or textfile write: ``slurm-ft metrics`` (docs/install.md).
 
-Nothing here is kept in memory between scrapes: the journal is the record, so the numbers are
-the same whichever host or process computes them, and survive daemon restarts. Counters count
-journal rows (monotonic while the journal is kept).
+The journal is the record, so the numbers are the same whichever host or process computes them,
+and survive daemon restarts. Counters count journal rows (monotonic while the journal is kept).
+The expensive values (the journal scan, ``sinfo``) are computed at most once per
+:data:`SCRAPE_TTL_S` seconds by one served registry, whatever the scrape rate: concurrent scrapes
+share one computation (an unauthenticated scraper cannot make root run ``sinfo`` and a full
+journal scan in a loop).
 
 ======================================== ======= ==============================================
 metric                                   type    labels / meaning
@@ -27,6 +30,9 @@ slurm_ft_nodes_out_of_service            gauge   category: fault, health, admin,
 slurm_ft_time_to_recover_seconds         histo.  fault (attempt end) to the next attempt's start
 slurm_ft_journal_readable                gauge   0 when the journal could not be read
 slurm_ft_slurm_up                        gauge   0 when sinfo failed (node gauges then absent)
+slurm_ft_internal_errors_total           counter hook: unexpected errors (slurm-ft bugs) caught by
+                                                 the root hooks' boundary on this host
+                                                 (slurm_ft.boundary; [node_state] dir)
 ======================================== ======= ==============================================
 """
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections import Counter
 
@@ -49,6 +56,10 @@ log = logging.getLogger("slurm_ft.metrics")
 #: an unblamed retry keeps Slurm's 121 s requeue delay, a held job may wait for an admin.
 RECOVER_BUCKETS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 130.0, 300.0, 600.0, 1800.0, 3600.0, 14400.0)
 _DRAIN_SKIPS = ("already-drained", "kept-admin-reason", "breaker-open")
+#: Seconds a scrape's journal scan and ``sinfo`` answer are reused by later scrapes.
+SCRAPE_TTL_S = 15.0
+#: Hooks always shown in ``slurm_ft_internal_errors_total`` (0 until one fails).
+HOOKS = ("prolog", "epilog", "hang-watcher")
 
 
 def _drain_outcome(status: str, detail: str) -> str:
@@ -129,32 +140,76 @@ def _histogram(name: str, doc: str, values: list[float], buckets=RECOVER_BUCKETS
     return HistogramMetricFamily(name, doc, buckets=counts, sum_value=float(sum(values)))
 
 
+class ScrapeCache:
+    """One value, recomputed at most once per ``ttl_s`` seconds of ``clock`` (monotonic s).
+    Callers that arrive while it is being computed wait for that computation and share it."""
+
+    def __init__(self, ttl_s: float = SCRAPE_TTL_S, clock=time.monotonic):
+        self.ttl_s, self.clock = ttl_s, clock
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._value = None
+        self.computations = 0
+
+    def get(self, compute):
+        with self._lock:
+            now = self.clock()
+            if self._at is None or not 0 <= now - self._at < self.ttl_s:
+                self._value = compute()
+                self._at = now
+                self.computations += 1
+            return self._value
+
+
 class JournalCollector(Collector):
-    """Computes every metric at each ``collect()`` from the config's daemon journal and, if
-    ``slurm`` is given, ``sinfo`` (nodes out of service by who took them out)."""
+    """Computes every metric at ``collect()`` from the config's daemon journal and, if ``slurm``
+    is given, ``sinfo`` (nodes out of service by who took them out); those two at most once per
+    ``ttl_s`` (``clock``: monotonic seconds, for tests)."""
 
-    def __init__(self, cfg, slurm=None, now=time.time):
+    def __init__(self, cfg, slurm=None, now=time.time, *, clock=time.monotonic, ttl_s: float = SCRAPE_TTL_S):
         self.cfg, self.slurm, self.now = cfg, slurm, now
+        self.cache = ScrapeCache(ttl_s, clock)
 
-    def collect(self):
+    def expensive(self) -> dict:
+        """The journal counts (None: unreadable) and ``sinfo``'s nodes (a SlurmFTError when it
+        failed; None when not asked): what the cache keeps."""
         from .journal import open_daemon_journal
         cfg = self.cfg
-        readable = GaugeMetricFamily("slurm_ft_journal_readable", "1 when the daemon journal could be read")
         try:
             with open_daemon_journal(cfg, readonly=True) as j:
-                c = journal_counts(j)
+                counts = journal_counts(j)
         except Exception as exc:  # noqa: BLE001 - a scrape reports (journal_readable 0), never crashes
             log.error("metrics: %s: %s", cfg.journal.path, exc)
-            readable.add_metric([], 0)
-            c = None
-        else:
-            readable.add_metric([], 1)
+            counts = None
+        nodes = None
+        if self.slurm is not None:
+            try:
+                nodes = self.slurm.nodes()
+            except SlurmFTError as exc:
+                log.error("metrics: sinfo: %s", exc)
+                nodes = exc
+        return {"counts": counts, "nodes": nodes}
+
+    def collect(self):
+        snap = self.cache.get(self.expensive)
+        c = snap["counts"]
+        readable = GaugeMetricFamily("slurm_ft_journal_readable", "1 when the daemon journal could be read")
+        readable.add_metric([], 0 if c is None else 1)
         yield readable
         if c is not None:
             yield from self._journal_metrics(c)
         yield from self._daemon_metrics()
+        yield self._internal_errors()
         if self.slurm is not None:
-            yield from self._node_metrics()
+            yield from self._node_metrics(snap["nodes"])
+
+    def _internal_errors(self):
+        from .boundary import read_counts
+        counts = {hook: 0 for hook in HOOKS}
+        counts.update(read_counts(self.cfg.node_state.dir))
+        return _labelled(CounterMetricFamily, "slurm_ft_internal_errors",
+                         "Unexpected errors (slurm-ft bugs) caught at a root hook's boundary on this host",
+                         ["hook"], counts)
 
     def _journal_metrics(self, c: dict):
         yield _labelled(CounterMetricFamily, "slurm_ft_verdicts", "Verdicts recorded, by class and rule",
@@ -196,13 +251,10 @@ class JournalCollector(Collector):
         yield age
         yield up
 
-    def _node_metrics(self):
+    def _node_metrics(self, nodes):
         from .report.collect import CATEGORIES, reason_category
         up = GaugeMetricFamily("slurm_ft_slurm_up", "1 when sinfo answered")
-        try:
-            nodes = self.slurm.nodes()
-        except SlurmFTError as exc:
-            log.error("metrics: sinfo: %s", exc)
+        if nodes is None or isinstance(nodes, Exception):
             up.add_metric([], 0)
             yield up
             return

@@ -1,11 +1,25 @@
-"""Logging for the prolog/epilog: stderr plus, when configured, an append-only log file
-(``[node_state] log``), since slurmd discards a script's stderr."""
+"""Logging for the prolog/epilog/hang watcher: stderr plus, when configured, an append-only log
+file (``[node_state] log``), since slurmd discards a script's stderr.
+
+One message is exactly one line: every message goes through
+:func:`slurm_ft.textsafe.terminal_safe` here, in one place, so a newline, a carriage return or an
+undecodable byte in a job's path (or in any other text a message quotes) is escaped and can
+neither forge a second log line nor make the write fail. A multi-line message (a traceback) is
+kept as one line with ``\\x0a`` between its lines."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+
+from .textsafe import terminal_safe
+
+
+def log_line(text: object) -> str:
+    """``text`` as one log line: every control character (newline included), lone surrogate and
+    line separator escaped (:func:`slurm_ft.textsafe.terminal_safe`); encodes as UTF-8."""
+    return terminal_safe(text)
 
 
 class NodeLog:
@@ -18,13 +32,18 @@ class NodeLog:
         prefix = f"slurm-ft {self.who}"
         if self.job is not None:
             prefix += f": job {self.job.job_id} attempt {self.job.attempt} on {self.job.node}"
-        line = f"{prefix}: {msg}"
-        print(line, file=sys.stderr)
+        line = log_line(f"{prefix}: {msg}")
+        try:
+            print(line, file=sys.stderr)
+        except (OSError, ValueError):
+            pass
         if self.path:
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
-                with os.fdopen(fd, "a") as fh:
-                    fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+                try:  # one write(2) per line: O_APPEND keeps concurrent writers' lines whole
+                    os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n".encode("utf-8"))
+                finally:
+                    os.close(fd)
             except OSError:
                 pass
 

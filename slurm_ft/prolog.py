@@ -8,23 +8,28 @@ Run by slurmd as root on every node of a job at allocation (``PrologFlags=Alloc`
 
 Exit status: 0 lets the job start. Non-zero only when a health check fails: Slurm then drains the
 node and requeues the job (the daemon releases it elsewhere at once, see failover/daemon.py).
-Our own errors never block a job: they are logged and the prolog exits 0.
+Our own errors never block a job: they are logged and the prolog exits 0; an unexpected one
+(a bug) goes through slurm_ft.boundary, whose ``[node_state] on_internal_error`` decides (default
+``pass``: exit 0).
 """
 
 from __future__ import annotations
 
 import sys
 
+from .boundary import note, report, root_entry
 from .errors import SlurmFTError
 from .nodejob import NodeJob, write_start_marker
 from .nodelog import start_script
 
 
+@root_entry("prolog")
 def run(env: dict[str, str] | None = None) -> int:
     """The whole prolog; returns the process exit status (see module doc)."""
     job, cfg, log = start_script("prolog", env)
     if cfg is None:
         return 0
+    note(cfg=cfg, node=job.node, log=log)
     try:
         write_start_marker(cfg.node_state.dir, job)
     except OSError as exc:
@@ -68,8 +73,13 @@ def health_gate(cfg, job: NodeJob, log) -> int:
     except SlurmFTError as exc:
         log(f"health checks not run: {exc}")
         return 0
-    journal_results(cfg, job.node, results, job.job_id, log)
     failing = unhealthy(results)
+    try:
+        journal_results(cfg, job.node, results, job.job_id, log)
+    except Exception as exc:  # a bug while journaling must not let a job onto a failing GPU
+        if not failing:
+            raise
+        report("prolog", exc, cfg=cfg, log=log)
     if not failing:
         return 0
     slurm = Slurm.from_config(cfg)
@@ -84,6 +94,8 @@ def health_gate(cfg, job: NodeJob, log) -> int:
                      f"{policy.HEALTH_RULE}{failing[0].check}")
     except SlurmFTError as exc:
         log(f"could not drain/report: {exc}")
+    except Exception as exc:  # a bug while acting: the check still failed, the job still may not start
+        report("prolog", exc, cfg=cfg, log=log)
     return 1
 
 

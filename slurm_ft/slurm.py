@@ -326,6 +326,13 @@ class Job:
     def ended(self) -> bool:
         return self.state in ENDED_STATES and not self.completing
 
+    @property
+    def failed_nodes(self) -> list[str]:
+        """Nodes Slurm itself names failed for this job: ``FailedNode=`` of ``scontrol show job``
+        (printed from Slurm 23.02 on, :func:`slurm_ft.jobinfo.parse_show_job` -> ``failed_node``)
+        or ``failed_node`` of a 24.11 ``--json`` record; ``[]`` when Slurm names none (22.05)."""
+        return split_nodes(_nodes(self.raw.get("failed_node")))
+
     @classmethod
     def from_json(cls, j: dict) -> "Job":
         states = _states(j.get("job_state"))

@@ -17,7 +17,16 @@ USER = ("user", "python-traceback", ())
 INFRA = ("infra", "nccl-timeout", ())
 
 
-def write_config(tmp: Path, extra: str = "") -> Path:
+#: The ``[breaker]`` of the daemon tests: wide open, so that only tests about it meet it.
+WIDE_BREAKER = """[breaker]
+max_nodes = 1000
+max_fraction = 1.0
+"""
+
+
+def write_config(tmp: Path, extra: str = "", breaker: str | None = None) -> Path:
+    """``breaker``: the ``[breaker]`` table (default :data:`WIDE_BREAKER`; ``""``: the shipped
+    defaults)."""
     path = tmp / "slurm-ft.toml"
     path.write_text(f"""
 [journal]
@@ -27,9 +36,7 @@ node_path = "{tmp}/journal/node-{{node}}.db"
 dir = "{tmp}/nodestate"
 [failover]
 poll_interval_s = 0.5
-[breaker]
-max_nodes = 1000
-max_fraction = 1.0
+{WIDE_BREAKER if breaker is None else breaker}
 {extra}
 """)
     return path
@@ -38,13 +45,14 @@ max_fraction = 1.0
 class World:
     """FakeSlurm + config + daemon; ``step()`` = time passes, Slurm schedules, the daemon cycles."""
 
-    def __init__(self, tmp: Path, nodes: int = 4, extra_config: str = "", monkeypatch=None, events: bool = True):
+    def __init__(self, tmp: Path, nodes: int = 4, extra_config: str = "", monkeypatch=None, events: bool = True,
+                 breaker: str | None = None, **slurm_kw):
         self.tmp = Path(tmp)
         self.clock = FakeClock(time.time())
         if monkeypatch is not None:   # code that reads the wall clock directly sees the fake one
             monkeypatch.setattr(time, "time", self.clock)
-        self.cfg = config_mod.load(write_config(self.tmp, extra_config))
-        self.slurm = FakeSlurm(nodes, self.clock)
+        self.cfg = config_mod.load(write_config(self.tmp, extra_config, breaker))
+        self.slurm = FakeSlurm(nodes, self.clock, **slurm_kw)
         self.events = FakeEvents(self.slurm) if events else None
         self.daemon = self.new_daemon()
 

@@ -57,9 +57,12 @@ def test_old_format_and_mig_and_upper_case_bus_ids():
     assert v.verdict == "hardware" and v.xids[0].bus_id == "0000:0b:00"
 
 
-def test_xid_without_bus_id_counts():
+def test_xid_without_bus_id_is_unplaced():
+    """An Xid naming no bus id is attributed to no job: it decides nothing, it only asks for the
+    trusted node checks (Verdict.unplaced; slurm_ft.epilog.verify_untrusted)."""
     v = classify(Evidence(kernel_lines=["NVRM: Xid: 79, GPU has fallen off the bus."], job_bus_ids=frozenset({"0000:3b:00"})))
-    assert v.verdict == "hardware" and v.xids[0].bus_id is None
+    assert v.verdict != "hardware" and not v.xids
+    assert v.unplaced == ("NVRM: Xid: 79, GPU has fallen off the bus.",)
 
 
 def test_xid_on_another_jobs_gpu_drains_nothing():
@@ -152,9 +155,14 @@ def test_wrapped_xid_line_rejoined():
     assert v.rule == "xid-48"
 
 
-def test_parse_xid_skips_wrappers():
-    hit = parse_xid(b'[gpu-health] [CRITICAL] GPU-1234: XID: NVRM: Xid (PCI:0000:c6:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.')
+def test_parse_xid_needs_the_header_at_the_start():
+    line = b'[gpu-health] [CRITICAL] GPU-1234: XID: NVRM: Xid (PCI:0000:c6:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.'
+    assert parse_xid(line) is None  # a health agent's line is not a kernel record
+    hit = parse_xid(line[line.index(b"NVRM"):])
     assert (hit.kind, hit.xid, hit.bus_id, hit.pid) == ("xid", 79, "0000:c6:00", 1101234)
+    # the same text in the job's output (an agent's log it tails) is untrusted: it asks for the checks
+    v = classify(Evidence(stderr_tail=line.decode(), exit_code=1))
+    assert (v.verdict, v.action, v.xids) == ("hardware", "verify", ())
 
 
 @pytest.mark.parametrize("kwargs,want", [
@@ -193,9 +201,10 @@ def test_oom_beats_exit_code_and_hardware_beats_oom():
 
 
 def test_job_output_cannot_forge_kernel_evidence():
-    """An Xid printed by the job to its stderr is not a kernel line."""
+    """An Xid printed by the job to its stderr is not a kernel line: no Xid event, no node action;
+    a hardware one only asks for the trusted checks (action verify)."""
     v = classify(Evidence(stderr_tail=XID48 + "\n", exit_code=1))
-    assert v.verdict == "user" and v.xids == ()
+    assert v.action == "verify" and v.xids == ()
 
 
 def test_nvidia_smi_ecc_header_is_not_an_ecc_error():
@@ -224,7 +233,7 @@ def test_types_are_frozen():
 
 
 def test_bytes_and_odd_input_accepted():
-    v = classify(Evidence(kernel_lines=[b"\xff\xfeNVRM: Xid (PCI:0000:07:00): 48, x"], stderr_tail="\udcff CUDA out of memory"))  # type: ignore[list-item]
+    v = classify(Evidence(kernel_lines=[b"NVRM: Xid (PCI:0000:07:00): 48, x\xff\xfe"], stderr_tail="\udcff CUDA out of memory"))  # type: ignore[list-item]
     assert v.rule == "xid-48"
 
 

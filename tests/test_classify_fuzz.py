@@ -70,6 +70,9 @@ def test_normalise_bus_id_returns_or_raises_named_error(text):
 def test_huge_lines_stay_fast():
     huge = "A" * (8 << 20) + " NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus. " + "B" * (8 << 20)
     v = classify(Evidence(kernel_lines=[huge], stderr_tail="x" * (8 << 20) + " CUDA out of memory"))
+    assert v.verdict != "hardware"  # not at the start of the record: text, not the driver's header
+    huge = "NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus. " + "B" * (16 << 20)
+    v = classify(Evidence(kernel_lines=["A" * (8 << 20), huge], stderr_tail="x" * (8 << 20) + " CUDA out of memory"))
     assert v.verdict == "hardware"
     v = classify(Evidence(kernel_lines=["(" * 200_000 + "Xid (" * 50_000], stderr_tail="Error: " * 200_000))
     _check(v)

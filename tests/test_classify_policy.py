@@ -84,3 +84,30 @@ def test_config_loader_validates_classify_section(tmp_path):
     path.write_text('[classify.xid.31]\nwindow = 3600\n')
     with pytest.raises(ConfigError, match="classify.xid.31.window"):
         config_mod.load(path)
+
+
+@pytest.mark.parametrize("toml,key", [
+    ('[[consequence]]\nid = "a"\nxids = [32]\nafter = [13]\n', "missing key 'ref'"),
+    ('[[consequence]]\nid = "a"\nxids = [32]\nafter = [13]\nref = "r"\nwindow_s = 3\n', "consequence[0].window_s"),
+    ('[[consequence]]\nid = "a"\nxids = []\nafter = [13]\nref = "r"\n', "consequence[0].xids"),
+    ('[[consequence]]\nid = "a"\nxids = [32]\nafter = ["13"]\nref = "r"\n', "consequence[0].after"),
+    ('[[consequence]]\nid = "a"\nxids = [32, 13]\nafter = [13]\nref = "r"\n', "its own cause"),
+    ('[[consequence]]\nid = "a"\nxids = [32]\nafter = [13]\nref = "r"\n' * 2, "duplicate consequence ids"),
+])
+def test_bad_consequence_rules_name_the_key(monkeypatch, toml, key):
+    from slurm_ft.classify import policy as policy_mod
+
+    monkeypatch.setattr(policy_mod, "_data_text", lambda name: toml)
+    policy_mod.consequence_rules.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+            policy_mod.consequence_rules()
+    finally:
+        policy_mod.consequence_rules.cache_clear()
+
+
+def test_disable_names_a_consequence_rule_or_fails():
+    assert from_config({"disable": ["xid-32-after-app-fault"]}).consequences == ()
+    assert from_config({}).consequences == default_policy().consequences
+    with pytest.raises(ConfigError, match="no signature row or consequence rule"):
+        from_config({"disable": ["xid-32-after-nothing"]})

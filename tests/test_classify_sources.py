@@ -74,19 +74,25 @@ def test_tail_refuses_symlink(tmp_path):
     link = tmp_path / "slurm-1.out"
     link.symlink_to(target)
     with pytest.raises(EvidenceError, match="symbolic link"):
-        read_tail_safely(str(link), expected_uid=None)
+        read_tail_safely(str(link), expected_uid=os.getuid())
+    with pytest.raises(EvidenceError, match="uid is unknown"):       # no read without the job's uid
+        read_tail_safely(str(target), expected_uid=None)
 
 
 def test_tail_refuses_wrong_owner(tmp_path):
     p = tmp_path / "slurm-1.out"
     p.write_text("hello\n")
-    with pytest.raises(EvidenceError, match="owned by uid"):
+    # as root the reader becomes that uid, which may not even enter pytest's 0700 directory
+    with pytest.raises(EvidenceError, match="owned by uid|Permission denied"):
         read_tail_safely(str(p), expected_uid=os.getuid() + 12345)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to chown")
 def test_tail_refuses_hardlink_to_root_file_when_run_as_root(tmp_path):
     """A user hard-links /etc/shadow-like root files into the output path: the owner check stops it."""
+    import tempfile
+    tmp_path = Path(tempfile.mkdtemp(prefix="slurm-ft-tail-", dir="/tmp"))   # uid 1000 must enter it
+    os.chmod(tmp_path, 0o755)
     root_file = tmp_path / "shadow"
     root_file.write_text("root:$6$hash\n")
     user_dir = tmp_path / "home"
@@ -97,17 +103,18 @@ def test_tail_refuses_hardlink_to_root_file_when_run_as_root(tmp_path):
     (user_dir / "mine.out").write_text("ok\n")
     os.chown(user_dir / "mine.out", 1000, 1000)
     assert read_tail_safely(str(user_dir / "mine.out"), expected_uid=1000) == "ok\n"
+    shutil.rmtree(tmp_path)
 
 
 def test_tail_refuses_fifo_directory_and_missing(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(EvidenceError, match="not a regular file"):
-        read_tail_safely(str(fifo), expected_uid=None)
+        read_tail_safely(str(fifo), expected_uid=os.getuid())
     with pytest.raises(EvidenceError):
-        read_tail_safely(str(tmp_path), expected_uid=None)
+        read_tail_safely(str(tmp_path), expected_uid=os.getuid())
     with pytest.raises(EvidenceError, match="cannot open"):
-        read_tail_safely(str(tmp_path / "missing"), expected_uid=None)
+        read_tail_safely(str(tmp_path / "missing"), expected_uid=os.getuid())
 
 
 def test_tail_unreadable(tmp_path):
@@ -117,5 +124,5 @@ def test_tail_unreadable(tmp_path):
     p.write_text("x")
     p.chmod(0)
     with pytest.raises(EvidenceError, match="cannot open"):
-        read_tail_safely(str(p), expected_uid=None)
+        read_tail_safely(str(p), expected_uid=os.getuid())
     p.chmod(stat.S_IRUSR)

@@ -18,7 +18,10 @@ ROWS = signatures()
 
 def _evidence_for(row) -> Evidence:
     """The row's example, fed through the evidence field its source reads."""
-    if row.source in ("kernel", "any", "xid", "sxid"):
+    if row.source in ("xid", "sxid"):  # a qualifier reads the driver's record, from its header on
+        at = max(row.example.find("NVRM: Xid"), row.example.find("nvidia-nvswitch"), 0)
+        return Evidence(kernel_lines=[row.example[at:]])
+    if row.source in ("kernel", "any"):
         return Evidence(kernel_lines=[row.example])
     if row.source == "output":
         return Evidence(stderr_tail=row.example)
@@ -40,7 +43,20 @@ def test_signature_row_matches_its_excerpt(row):
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_signature_row_decides_alone(row):
+    from slurm_ft.classify.parse import kernel_header, message_body
+
     v = classify(_evidence_for(row))
+    body = message_body(row.example.encode())
+    if (row.source in ("kernel", "any") and (row.cls == "hardware" or row.action in ("drain_node", "reset_gpu"))
+            and kernel_header(body) is None):
+        # not a kernel-owned record (docs/security.md): as kernel text it decides nothing (the
+        # driver's words naming no GPU are "unplaced": they only ask for the trusted checks) ...
+        assert v.verdict != "hardware" and v.action not in ("drain_node", "reset_gpu"), row.id
+        assert bool(v.unplaced) == (body.startswith(b"NVRM: ") and row.cls == "hardware"), row.id
+        if row.source == "any":  # ... and as the job's output (a tool's message) it asks for them
+            v = classify(Evidence(stderr_tail=row.example))
+            assert (v.verdict, v.rule, v.action) == (row.cls, row.id, "verify"), row.id
+        return
     # job output is untrusted: a node action it suggests becomes "verify" (docs/security.md)
     untrusted = row.source == "output" and row.action in ("drain_node", "reset_gpu")
     assert (v.verdict, v.rule, v.action) == (row.cls, row.id, "verify" if untrusted else row.action)
@@ -102,3 +118,34 @@ def test_every_row_is_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "classifier.md").read_text()
     missing = [r.id for r in ROWS if f"`{r.id}`" not in doc]
     assert not missing, f"rows missing from docs/classifier.md: {missing}"
+
+
+def test_a_depends_xid_is_never_acted_on_alone():
+    """NVIDIA's catalog column ``hardware``: an Xid it calls ``depends`` (driver or application
+    causes too) is no proof against the GPU: a hardware class there carries action ``verify``;
+    only ``hardware = yes`` rows may drain or reset by themselves (issue 27)."""
+    for row in xid_catalog().values():
+        hw = _catalog_hardware(row.xid)
+        if row.action in ("drain_node", "reset_gpu"):
+            assert hw == "yes", f"xid {row.xid}: {row.action} but catalog hardware={hw}"
+        if hw == "depends" and row.cls == "hardware":
+            assert row.action == "verify" and "depends" in row.policy, row.xid
+
+
+def _catalog_hardware(xid: int) -> str:
+    with open(Path(__file__).resolve().parents[1] / "slurm_ft" / "data" / "xid_catalog.csv", newline="") as fh:
+        return next(r["hardware"] for r in csv.DictReader(fh) if int(r["xid"]) == xid)
+
+
+def test_default_consequence_rules_valid():
+    from slurm_ft.classify.policy import consequence_rules
+
+    rules = consequence_rules()
+    assert rules and len({r.id for r in rules}) == len(rules)
+    cat = xid_catalog()
+    for r in rules:
+        assert r.xids and r.after and not (r.xids & r.after) and r.ref
+        assert (r.xids | r.after) <= set(cat), r.id
+        # a consequence is re-judged as a cause that is no hardware proof itself
+        assert all(cat[x].cls != "hardware" for x in r.after), r.id
+    assert default_policy().consequences == rules

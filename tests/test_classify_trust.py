@@ -3,18 +3,12 @@ to its processes and files, never drain or reset a node.  Each test is an attack
 
 from __future__ import annotations
 
-import json
-import tomllib
-from importlib import resources
-from pathlib import Path
-
 import pytest
 
 from slurm_ft.classify import Evidence, classify
-from slurm_ft.classify.parse import mask_user_fields, message_body, parse_xid, user_named
-from slurm_ft.classify.table import signatures, user_text_templates
+from slurm_ft.classify.parse import mask_user_fields, message_body, parse_xid
+from slurm_ft.classify.table import signatures
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "cases.jsonl"
 BUS = "0000:10:00"
 NODE_ACTIONS = ("drain_node", "reset_gpu")
 HW_OUTPUT_ROWS = [r for r in signatures() if r.source in ("output", "any") and r.cls == "hardware"]
@@ -86,12 +80,13 @@ def test_a_process_name_cannot_hide_a_real_xid():
 
 
 def test_kmsg_records_need_the_header_at_the_start():
-    hit = parse_xid(f"NVRM: Xid (PCI:{BUS}): 79, GPU has fallen off the bus.".encode(), at_start=True)
+    hit = parse_xid(f"NVRM: Xid (PCI:{BUS}): 79, GPU has fallen off the bus.".encode())
     assert hit is not None and (hit.xid, hit.bus_id) == (79, BUS)
-    assert parse_xid(f"x NVRM: Xid (PCI:{BUS}): 79, lost".encode(), at_start=True) is None
+    assert parse_xid(f"x NVRM: Xid (PCI:{BUS}): 79, lost".encode()) is None
     # only the driver's exact header: a bus id or GPU number in the parentheses, a comma after
     assert parse_xid(b"NVRM: Xid (PCI:[4242]: segfault): 79, x") is None
-    assert parse_xid(b"NVRM: Xid: 79,[4242]: segfault at 0") is None
+    hit = parse_xid(b"NVRM: Xid: 79,[4242]: segfault at 0")  # a process named "NVRM: Xid: 79,"
+    assert hit.bus_id is None  # no bus id: unplaced, attributed to no job (it only asks for checks)
     assert parse_xid(b"Xid 79 on my GPU") is None
 
 
@@ -101,17 +96,3 @@ def test_message_body_strips_saved_log_wrappers():
                    b"node01: kern: warning: [2026-04-22T21:30:51.870495804Z]: ", b"Mar 29 15:38:59 kernel: ",
                    b"[74889.644138] ", b"<3>"):
         assert message_body(prefix + body) == body
-
-
-def test_every_template_matches_its_example_and_no_driver_line():
-    data = tomllib.loads(resources.files("slurm_ft.data").joinpath("kernel_user_text.toml").read_text())
-    assert len(data["template"]) == len(user_text_templates())
-    for row in data["template"]:
-        assert user_named(row["example"].encode()) is not None, row["id"]
-        assert row["ref"], row["id"]
-    if CORPUS.exists():
-        for case in map(json.loads, CORPUS.read_text().splitlines()):
-            for line in case["text"].splitlines():
-                if "NVRM:" in line or "SXid" in line:
-                    body = mask_user_fields(message_body(line.encode()))
-                    assert user_named(body) is None, (case["id"], line)

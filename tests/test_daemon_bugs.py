@@ -442,3 +442,247 @@ def test_routine_events_wait_behind_a_fault_and_are_read_within_a_budget(tmp_pat
     w.step(n=6)
     with w.journal() as j:
         assert all(any(a["action"] == "decide" for a in j.actions(jid, 0)) for jid in ids[:-1])
+
+
+# ------------------------------------------------------------------ blame needs proof (issue 27)
+@pytest.mark.parametrize("slurm_version", ["22.05", "24.11"])
+def test_a_two_node_job_that_loses_one_node_blames_only_that_node(tmp_path, monkeypatch, slurm_version):
+    """Issue 27 item 5: a 2-node job loses n2 (its slurmd is killed); the survivor n1's epilog
+    says ``unknown``. 22.05: Slurm marks n2 DOWN (no FailedNode); 24.11: the job's record says
+    ``FailedNode=n2`` (here n2 answers again before the daemon looks, so that is the only fact).
+    Only n2 is drained and excluded; n1 is untouched; the shipped breaker defaults never open;
+    the job runs again. Before: both nodes were blamed, the breaker refused n1 and latched."""
+    w = World(tmp_path, nodes=3, monkeypatch=monkeypatch, breaker="", failed_node=slurm_version == "24.11")
+    jid = w.start(node_count=2)
+    assert w.job(jid).nodes == ["n1", "n2"]
+    w.step()
+    w.job(jid).verdicts["n1"] = mailbox.Record(jid, 0, "unknown", "no-evidence", (), 1, w.clock())
+    w.slurm.node_fail("n2")
+    if slurm_version == "24.11":
+        w.slurm.node_up("n2")
+    w.step(n=4)
+    w.slurm.run_epilogs()                              # the survivor's epilog posts "unknown"
+    for _ in range(40):
+        w.step()
+        if w.job(jid).state == "RUNNING":
+            break
+    job = w.job(jid)
+    assert job.state == "RUNNING" and job.restart == 1 and "n2" not in job.nodes
+    assert w.slurm.node_recs["n2"].drain and w.slurm.node_recs["n2"].reason.startswith("slurm-ft:")
+    assert not w.slurm.node_recs["n1"].drain and job.excluded == {"n2"}
+    with w.journal() as j:
+        acts = j.actions(jid)
+        assert [a["target"] for a in acts if a["action"] == "drain"] == ["n2"]
+        assert not [a for a in acts if a["action"] == "breaker-open"] and j.breaker_latched() is None
+        assert {(v["node"], v["verdict"]) for v in j.verdicts(jid, 0)} == {("n1", "unknown"), ("n2", "hardware")}
+
+
+# ------------------------------------------------------------------ checkpoint acks (issue 27 item 9)
+def _to_limit(w, jid, attempt):
+    """Time passes until slurm-ft answered the attempt's time limit (a ``ckpt-notify`` row, sent
+    or refused), the job still running."""
+    for _ in range(200):
+        w.step(dt=5.0)
+        with w.journal() as j:
+            if any(a["action"] == "ckpt-notify" for a in j.actions(jid, attempt)):
+                return
+    raise AssertionError("no checkpoint signal near the time limit")
+
+
+def test_forged_saved_acks_buy_no_more_continuations_than_the_bound(w):
+    """Issue 27 item 9: a job that answers every time-limit signal with ``saved`` without saving
+    gets at most ``max_continuations`` (default 2) more time limits, not 10 (11x its wall time)."""
+    jid = w.start(time_limit_min=10)
+    for attempt in range(6):
+        job = w.job(jid)
+        assert job.state == "RUNNING" and job.restart == attempt
+        _to_limit(w, jid, attempt)
+        w.slurm.ack(jid, "saved", step=attempt)       # forged: nothing was saved
+        w.step(n=4)
+        if w.job(jid).restart == attempt:             # not continued: the limit ends it
+            w.slurm.end(jid, "TIMEOUT", exit_code=0, epilogs=True)
+            w.step(n=10)
+            break
+        w.slurm.run_epilogs()
+        for _ in range(20):
+            w.step(dt=1.0)
+            if w.job(jid).state == "RUNNING":
+                break
+    assert w.job(jid).restart == 2 and w.ft_state(jid) == "timeout"
+    with w.journal() as j:
+        assert len([a for a in j.actions(jid) if a["action"] == "continue" and a["status"] == "done"]) == 2
+
+
+def test_a_saved_ack_without_slurm_fts_request_buys_nothing(w):
+    """An ack that answers no checkpoint signal slurm-ft journaled for the attempt (written
+    before any signal, or after a signal nothing caught) buys no continuation: the job ends
+    ``timeout`` at its limit."""
+    jid = w.start(time_limit_min=10, catches_signal=False)
+    w.step()
+    w.slurm.ack(jid, "saved", step=1)                 # unasked, at the start
+    _to_limit(w, jid, 0)
+    with w.journal() as j:
+        assert [a["status"] for a in j.actions(jid, 0) if a["action"] == "ckpt-notify"] == ["skipped"]
+    w.slurm.ack(jid, "saved", step=2)                 # nobody caught the signal: not an answer
+    w.step(n=6)
+    assert w.job(jid).restart == 0 and w.job(jid).state == "RUNNING"
+    w.slurm.end(jid, "TIMEOUT", exit_code=0, epilogs=True)
+    w.step(n=10)
+    assert w.job(jid).restart == 0 and w.ft_state(jid) == "timeout"
+    with w.journal() as j:
+        assert not [a for a in j.actions(jid) if a["action"] == "continue"]
+
+
+# ------------------------------------------------------------------ drain reasons (issue 27 item 9)
+def test_a_trusted_fault_on_a_job_that_exited_0_names_the_fault(w, monkeypatch):
+    """The driver's own record says the job's GPU fell off the bus, yet the job exited 0: the
+    node is drained (trusted hardware evidence) with a reason naming the fault, not
+    ``clean-exit``."""
+    from slurm_ft import epilog, slurm as slurm_mod
+    from slurm_ft.classify.engine import classify
+    from slurm_ft.classify.model import Evidence
+    from slurm_ft.nodejob import NodeJob
+
+    monkeypatch.setattr(slurm_mod.Slurm, "from_config", classmethod(lambda cls, cfg: w.slurm))
+    record = "NVRM: GPU 0000:10:00.0: GPU has fallen off the bus."
+    verdict = classify(Evidence(kernel_lines=[record], exit_code=0, slurm_state="COMPLETED",
+                                job_bus_ids=frozenset({"0000:10:00"}), kernel_records=True))
+    assert (verdict.verdict, verdict.rule, verdict.action) == ("ok", "clean-exit", "drain_node")
+    job = NodeJob(7, "n1", 0, 1000, (0,), 0, None, None, None, None)
+    epilog.record_verdict(w.cfg, job, verdict, start=None, log=lambda *_: None)
+    reason = w.slurm.node_recs["n1"].reason
+    assert w.slurm.node_recs["n1"].drain and reason.startswith("slurm-ft:")
+    assert "clean-exit" not in reason and verdict.cause in reason and reason.endswith("(job 7)")
+
+
+# ------------------------------------------------------------------ one evacuation protocol (issue 27)
+def _bounded(w, **failover):
+    """The world's daemon with these ``[failover]`` settings (the config is one typed dataclass)."""
+    import dataclasses
+    w.cfg = dataclasses.replace(w.cfg, failover=dataclasses.replace(w.cfg.failover, **failover))
+    w.restart_daemon()
+
+
+def _drain_checkpoint(w, node, timeout_s=None, **kw):
+    """What ``slurm-ft drain NODE --checkpoint`` does, the daemon cycling while it follows the journal."""
+    from slurm_ft.failover import evacuation
+    with open_journal(w.cfg.journal.path) as j:
+        line, requests, left = evacuation.request(w.slurm, j, node, w.cfg.failover, clock=w.clock, **kw)
+        lines: list[str] = []
+        outcomes = evacuation.follow(j, requests, timeout_s or evacuation.default_timeout_s(requests),
+                                     report=lines.append, clock=w.clock, sleep=lambda s: w.step(dt=s))
+    return line, outcomes, left, lines
+
+
+def test_drain_checkpoint_is_the_daemons_evacuation(w):
+    """Before: ``drain --checkpoint`` ran its own blocking copy of the evacuation
+    (checkpoint/evacuate.py): it ignored ``priority_ceiling``, read the whole queue with
+    ``squeue --json`` every 0.5 s and had no bound on its StartTime loop. Now it journals a
+    request and the daemon's state machine carries it out, within the daemon's bounds."""
+    jid = w.start()
+    ceiling = w.job(jid).priority + 5                   # far below top + priority_boost (1000)
+    _bounded(w, max_evacuations=1, priority_ceiling=ceiling)
+    node = w.job(jid).nodes[0]
+    w.step()
+    calls = len(w.slurm.calls)
+    acked = []
+    w.slurm.on(lambda cmd, args: args[:2] == ("show", "job") and any(     # once signalled, the job saves
+        c.cmd == "srun" for c in w.slurm.calls[calls:]) and not acked,
+        lambda: acked.append(w.slurm.ack(jid, "saved", step=42)))
+    line, (out,), left, lines = _drain_checkpoint(w, node)
+    assert line.startswith("drained") and left == []
+    assert out.result == "saved" and out.ok and out.step == 42 and out.excluded == node, out
+    assert any("checkpoint signal: evacuation: SIGUSR1 to 1 process(es)" in x for x in lines), lines
+    assert any(x.endswith(f"requeued excluding {node}") for x in lines), lines
+    with w.journal() as j:
+        acts = [(a["action"], a["status"]) for a in j.actions(jid, 0)]
+    assert ("evacuate-request", "done") in acts and ("evacuate", "done") in acts
+    assert ("evacuation", "done") in acts and ("ckpt-ack", "done") in acts
+    assert not any(c.args[:1] == ("--json",) for c in w.slurm.calls[calls:])   # never the whole queue as JSON
+    w.slurm.run_epilogs()
+    w.step(n=6)
+    job = w.job(jid)
+    assert job.restart == 1 and job.state == "RUNNING" and node not in job.nodes
+    assert job.priority == ceiling                                         # the site's ceiling holds
+    assert w.slurm.requeues == {(jid, 0): 1}
+    # the site's bound of evacuations: a second request is answered, not carried out
+    node2 = job.nodes[0]
+    line, (out,), _, lines = _drain_checkpoint(w, node2)
+    assert out.result == "refused" and not out.ok and "max_evacuations" in out.detail, out
+    assert w.job(jid).state == "RUNNING" and w.job(jid).restart == 1       # it runs on
+    with w.journal() as j:
+        assert [a["status"] for a in j.actions(jid, 1) if a["action"] == "evacuate-request"] == ["skipped"]
+        assert not [a for a in j.actions(jid, 1) if a["action"] in ("ckpt-notify", "evacuate")]
+
+
+def test_drain_checkpoint_cli(w, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_ft import cli
+    from slurm_ft.failover import evacuation
+    from slurm_ft.slurm import Slurm
+    jid = w.start()
+    other = w.start(ft=False)
+    node = w.job(jid).nodes[0]
+    w.slurm.jobs_by_id[other].nodes = [node]              # a plain job beside it is left alone
+    w.step()
+    monkeypatch.setattr(Slurm, "from_config", lambda cfg: w.slurm)
+    saved = []
+
+    def pause(s):                                          # time passes, the daemon cycles
+        w.step(dt=s)
+        if w.slurm.calls and any(c.cmd == "srun" for c in w.slurm.calls) and not saved:
+            saved.append(w.slurm.ack(jid, "saved", step=7))
+
+    monkeypatch.setattr(evacuation, "_pause", pause)
+    conf = str(tmp_path / "slurm-ft.toml")
+    r = CliRunner().invoke(cli.main, ["drain", node, "--checkpoint", "--reason", "PSU swap", "--config", conf])
+    assert r.exit_code == 0, r.output
+    assert f"{node}: drained (slurm-ft: PSU swap)" in r.output
+    assert f"job {other}: left running: not ft-enabled" in r.output
+    assert f"job {jid}: checkpoint saved step=7" in r.output
+    assert f"job {jid}: evacuated after its exit checkpoint; requeued excluding {node}" in r.output
+    assert w.slurm.node_recs[node].reason == "slurm-ft: PSU swap"
+    r = CliRunner().invoke(cli.main, ["drain", "--help"])
+    assert "--timeout" in r.output and "--wait" not in r.output
+
+
+def test_drain_checkpoint_reports_a_job_that_never_saves_within_its_wait(w, monkeypatch, tmp_path):
+    """The job catches the signal and never acks: the daemon requeues it at its --ft-ckpt-wait
+    (60 s here), and the command says so and exits 3, without a traceback; a daemon that never
+    answers within --timeout is reported too."""
+    from click.testing import CliRunner
+
+    from slurm_ft import cli
+    from slurm_ft.failover import evacuation
+    from slurm_ft.slurm import Slurm
+    jid = w.start()
+    node = w.job(jid).nodes[0]
+    w.step()
+    monkeypatch.setattr(Slurm, "from_config", lambda cfg: w.slurm)
+    monkeypatch.setattr(evacuation, "_pause", lambda s: w.step(dt=max(s, 1.0)))
+    conf = str(tmp_path / "slurm-ft.toml")
+    t0 = w.clock()
+    r = CliRunner().invoke(cli.main, ["drain", node, "--checkpoint", "--config", conf])
+    assert r.exit_code == 3, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert "Traceback" not in r.output
+    assert f"job {jid}: checkpoint timeout: no saved/failed ack within 60 s" in r.output
+    assert f"job {jid}: evacuated without a checkpoint: it did not save within its wait" in r.output
+    assert 60 <= w.clock() - t0 < 90
+    w.slurm.run_epilogs()
+    w.step(n=6)
+    assert w.job(jid).restart == 1 and node not in w.job(jid).nodes
+    # the daemon is down: the request stays journaled, the command gives up at --timeout and says why
+    jid2 = w.start()
+    node2 = w.job(jid2).nodes[0]
+    w.step()
+    monkeypatch.setattr(evacuation, "_pause", lambda s: w.clock.advance(s))
+    r = CliRunner().invoke(cli.main, ["drain", node2, "--checkpoint", "--timeout", "5", "--config", conf])
+    assert r.exit_code == 3 and "Traceback" not in r.output, r.output
+    assert f"job {jid2}: no answer from the daemon in time" in r.output and "slurm-ft daemon" in r.output
+    w.step(n=2)                                           # the daemon back: it carries the request out
+    with w.journal() as j:
+        assert [a["status"] for a in j.actions(jid2, 0) if a["action"] == "evacuate-request"] == ["done"]
+        assert [a["action"] for a in j.actions(jid2, 0) if a["action"] in ("evacuate", "ckpt-notify")] == \
+            ["evacuate", "ckpt-notify"]

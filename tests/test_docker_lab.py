@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from slurm_ft.checkpoint.evacuate import evacuate_node
+from slurm_ft.failover import evacuation
 from slurm_ft.history import history
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import ckpt_step, job_gpu_index, wait_for, wait_started
@@ -198,9 +198,10 @@ def test_spank_options_and_checkpoint_before_exit(docker_lab, dslurm):
     assert "signal USR2 retries 2" in (d / "out.log").read_text()
     time.sleep(1.0)
     node = split_nodes(job.nodes)[0]
-    with open_journal(lab.daemon_journal()) as journal:
-        outcomes = evacuate_node(slurm, journal, node, default_retries=3, log=lambda *_: None)
-    out = next(o for o in outcomes if o.job_id == job_id)
+    from slurm_ft.config import FailoverConfig
+    with open_journal(lab.daemon_journal()) as journal:   # `slurm-ft drain --checkpoint`: the ctl's daemon acts
+        _, requests, _ = evacuation.request(slurm, journal, node, FailoverConfig(), only_jobs=[job_id])
+        (out,) = evacuation.follow(journal, requests, evacuation.default_timeout_s(requests))
     assert out.result == "saved" and out.requeued, out
     assert out.step and out.step > 0 and out.path == cd
     assert sorted(p.name for p in d.glob("rank*.a0.saved")) == ["rank0.a0.saved", "rank1.a0.saved"]

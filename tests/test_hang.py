@@ -337,7 +337,7 @@ def test_on_hang_records_evidence_posts_the_verdict_and_ends_the_processes(tmp_p
                                      "grace_s": 0.0, "py_spy": "/nonexistent/py-spy"}})
     (tmp_path / "hb" / "n1" / "9").mkdir(parents=True)
     sleeper = subprocess.Popen(["sleep", "60"])
-    fake_procs = [procs.Proc(sleeper.pid, 1, os.geteuid(), "sleep", 9, "batch")]
+    fake_procs = [procs.Proc(sleeper.pid, 1, os.geteuid(), "sleep", 9, "batch", procs.identity(sleeper.pid)[0])]
     monkeypatch.setattr(procs, "scan", lambda *a, **k: [p for p in fake_procs if sleeper.poll() is None])
     monkeypatch.setattr(evidence, "kernel_verdict", lambda *a, **k: None)
     slurm = FakeSlurm()

@@ -194,11 +194,15 @@ def test_expected_gpus_argument_overrides_config(tmp_path):
     assert r.status == "fail" and "expected 8" in r.measurement
 
 
-KMSG = [
-    "[ 812.118] NVRM: Xid (PCI:0000:11:00): 79, pid=2231, name=python, GPU has fallen off the bus.",
-    "[ 812.200] NVRM: Xid (PCI:0000:10:00): 13, pid=2231, Graphics SM Warp Exception",
-    "[ 812.300] nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 0",
-    "[ 812.400] eth0: link up",
+KMSG = [  # /dev/kmsg record bodies, as read_kmsg returns them
+    "NVRM: Xid (PCI:0000:11:00): 79, pid=2231, name=python, GPU has fallen off the bus.",
+    "NVRM: Xid (PCI:0000:10:00): 13, pid=2231, Graphics SM Warp Exception",
+    "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 0",
+    "eth0: link up",
+    # text a process or file name put into a record: never an Xid of this node's GPUs
+    "NVRM: Xid: 79, (4242): /proc/4242/oom_adj is deprecated, please use /proc/4242/oom_score_adj instead.",
+    "process '/home/u/NVRM: Xid (PCI:0000:11:00): 79, x' started with executable stack",
+    "NVRM: Xid (PCI:0000:99:00): 79, pid=1, name=x, GPU has fallen off the bus.",  # no GPU of this node
 ]
 
 
@@ -206,7 +210,8 @@ def test_kmsg_lines_map_to_gpu_indexes():
     from slurm_ft.health.xid import kmsg_events
 
     assert kmsg_events(KMSG, {0: "00000000:10:00.0", 1: "00000000:11:00.0"}) == [(1, 79), (0, 13)]
-    assert kmsg_events(KMSG[:1], {}) == [(None, 79)]
+    assert kmsg_events(KMSG[:1], {}) == []  # no GPU map places it: not this node's evidence
+    assert kmsg_events(["NVRM: Xid: 79, GPU has fallen off the bus."], {0: "00000000:10:00.0"}) == []
 
 
 def test_kernel_log_xids_when_window_set(tmp_path, monkeypatch):

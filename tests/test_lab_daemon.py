@@ -211,3 +211,62 @@ def test_lost_node_fails_over_and_stale_copy_is_fenced(lab, slurm, ft_history):
         assert slurm.show_node(first.nodes)["Reason"].startswith("slurm-ft:")
     finally:
         lab.slurmd_start(first.nodes)
+
+
+def test_two_node_job_losing_one_node_blames_only_that_node(lab, slurm, ft_history, workdir):
+    """Issue 27 item 5, for real (Slurm 22.05: no ``FailedNode``, the lost node goes DOWN after
+    ``SlurmdTimeout``): the lab's ordinary user runs a 2-node ft job with a task on each node;
+    one node's slurmd is killed once the job's task runs there. Only that node is drained and
+    excluded; the survivor (its epilog finds no hardware fault of its own) is neither drained nor
+    blamed; the breaker stays closed; the job runs again (on the survivor and the third node).
+    Before: NODE_FAIL blamed every node of the job. Takes about 40 s."""
+    from slurm_ft.lab.users import LAB_USER, ensure_user, run_as
+
+    ensure_user()
+    script = workdir / "two-node.sh"
+    script.write_text("#!/bin/sh\nexec srun --ntasks-per-node=1 sh -c "
+                      "'echo \"attempt ${SLURM_RESTART_COUNT:-0} task on $SLURMD_NODENAME\"; exec sleep 600'\n")
+    script.chmod(0o755)
+    proc = run_as(LAB_USER, ["/usr/bin/sbatch", "--parsable", "--nodes=2", "--gres=gpu:1", "--requeue", "--ft",
+                             "--ft-retries=3",
+                             f"--output={workdir}/%j.out", "--open-mode=append", str(script)],
+                  lab.env(), cwd=str(workdir))
+    assert proc.returncode == 0, proc.stderr
+    job_id = int(proc.stdout.strip().split(";")[0])
+    out = workdir / f"{job_id}.out"
+    text = lambda: out.read_text(errors="replace") if out.exists() else ""  # noqa: E731
+
+    def running(attempt):
+        """The job's attempt once its task runs on each of its nodes (a node lost before its task
+        launched fails the step instead: srun's launch failure, an infra fault of the job)."""
+        job = slurm.job(job_id)
+        ok = job is not None and job.state == "RUNNING" and job.restart_count == attempt and \
+            all(f"attempt {attempt} task on {n}" in text() for n in split_nodes(job.nodes))
+        return job if ok else None
+
+    first = wait_for(lambda: running(0), 90, f"job {job_id} to start")
+    nodes = split_nodes(first.nodes)
+    assert len(nodes) == 2
+    survivor, victim = nodes        # the batch host survives; the other node is lost
+    lab.slurmd_kill(victim)
+    try:
+        # SlurmdTimeout (10 s in the lab): DOWN and requeued by Slurm after ~25 s, then slurm-ft
+        again = wait_for(lambda: running(1), 180, f"job {job_id} to run again")
+        assert victim not in split_nodes(again.nodes)
+        h = ft_history(job_id, lambda h: len(h["attempts"]) >= 2 and h["attempts"][0]["verdict"] == "hardware",
+                       timeout_s=60)
+        assert h["attempts"][0]["rule"] == "slurm-node-fail"
+        assert split_nodes(slurm.job(job_id).excluded_nodes) == [victim]
+        states = {n.name: n for n in slurm.nodes()}
+        assert states[victim].reason.startswith("slurm-ft:"), states[victim].reason
+        assert not states[survivor].drained and not states[survivor].reason.startswith("slurm-ft:")
+        with open_journal(_cfg(lab).journal.path) as j:
+            acts = j.actions(job_id)
+            assert [(a["target"], a["status"]) for a in acts if a["action"] == "drain"] == [(victim, "done")]
+            assert not [a for a in acts if a["action"] == "breaker-open"]
+            assert j.breaker_latched() is None
+            hardware = {v["node"] for v in j.verdicts(job_id, 0) if v["verdict"] == "hardware"}
+            assert hardware == {victim}
+    finally:
+        slurm.run("scancel", str(job_id), check=False)
+        lab.slurmd_start(victim)        # the `slurm` fixture then resumes it and waits until every node is idle

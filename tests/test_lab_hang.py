@@ -51,7 +51,13 @@ def cpu_ticks(pid: int) -> int:
 
 def test_hang_detection_end_to_end(lab, slurm):
     cfg = config_mod.load(lab.lay.ft_conf)
-    out = lambda j: (lab.lay.jobs_dir / f"{j}.out").read_text(errors="replace")  # noqa: E731
+    def out(j):
+        """The job's output so far; empty until slurmstepd has created the file (the hang watcher
+        starts in the prolog, before the batch step opens its output)."""
+        try:
+            return (lab.lay.jobs_dir / f"{j}.out").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
     hung = submit(lab, "hung", train(lab, "hung", "--steps 100000 --step-time 0.2 --hang-at-step 5"))
     saving = submit(lab, "saving", train(lab, "saving", f"--steps 30 --step-time 0.5 --slow-save-at-step 10 "
                                                         f"--slow-save-s {WINDOW + 30}"))

@@ -150,11 +150,12 @@ def test_owner_comment_rewrite_does_not_change_what_an_evacuation_spends(lab, sl
     health-check evacuation runs) reads the options fixed at submit, not the live comment: the
     evacuation (not a fault) requeues the job, spends nothing from its retry budget of 0, and the
     journal keeps retries=0 whatever the comment now says."""
-    job_id = _submit(lab, "#!/bin/sh\ntrap 'echo saved' USR1\nwhile :; do sleep 1; done\n", "--ft", "--ft-retries=0")
+    job_id = _submit(lab, "#!/bin/sh\ntrap 'echo saved' USR1\nwhile :; do sleep 1; done\n", "--ft", "--ft-retries=0",
+                     "--ft-ckpt-wait=2")
     job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 30)
     attack = f"ft:retries=100 {job.comment}"
     run_as(LAB_USER, ["/usr/bin/scontrol", "update", f"JobId={job_id}", f"Comment={attack}"], lab.env())
-    out = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "drain", job.nodes, "--checkpoint", "--wait", "2",
+    out = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "drain", job.nodes, "--checkpoint",
                           "--config", str(lab.lay.ft_conf)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, **lab.env()})
     assert "requeued excluding" in out.stdout, out.stdout + out.stderr
@@ -206,3 +207,129 @@ def test_journals_are_not_readable_by_other_users(lab, slurm, user):
     for path in [*jdir.glob("*.db")]:
         proc = run_as(LAB_USER, ["/bin/cat", str(path)], lab.env())
         assert proc.returncode != 0, f"{path} readable by {LAB_USER}"
+
+
+@pytest.mark.parametrize("kind", ["char-device", "fifo", "symlinked-dir"])
+def test_hostile_output_path_still_gets_a_verdict(lab, slurm, user, kind):
+    """Issue 27 item 6: ``-e`` at a device (a copy of /dev/null the test makes: never
+    /dev/watchdog), at a FIFO on a path whose directory the user swaps with a symlink during the
+    epilog, or through a symlinked directory. The root epilog never opens any of them (IN_OPEN
+    watched with inotify; a writer blocked on the FIFO stays blocked), logs why in one line,
+    and the job still gets its verdict; no node action."""
+    import ctypes
+    import shutil
+    import stat
+    import threading
+
+    from slurm_ft.lab.demo import wait_for
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ns = time.time_ns()
+    d = lab.lay.jobs_dir / f"hostile-out-{ns}"
+    d.mkdir()
+    os.chown(d, user.pw_uid, user.pw_gid)
+    os.chmod(d, 0o755)
+    devdir = lab.lay.jobs_dir / f"hostile-dev-{ns}"          # root's directory: the user cannot swap it
+
+    def users(p, mode=0o644, data=b""):
+        p.write_bytes(data)
+        os.chown(p, user.pw_uid, user.pw_gid)
+        os.chmod(p, mode)
+
+    def users_dir(p):
+        p.mkdir()
+        os.chown(p, user.pw_uid, user.pw_gid)
+        os.chmod(p, 0o755)
+
+    prepare = ""
+    watched = []                                            # nodes the epilog must never open
+    if kind == "char-device":
+        devdir.mkdir(mode=0o755)
+        err = devdir / "err"
+        os.mknod(err, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.chown(err, user.pw_uid, user.pw_gid)            # the user's: only its type refuses it
+        watched, reason = [err], "character device"
+    elif kind == "fifo":
+        users_dir(d / "out")
+        users_dir(d / "decoy")
+        users(d / "decoy" / "err.out", data=b"DECOY\n")
+        err = d / "out" / "err.out"
+        prepare = f"rm -f {err}; mkfifo -m 600 {err}"   # its stderr stays the unlinked file
+        watched, reason = [d / "decoy" / "err.out"], "job output not read"
+    else:
+        users_dir(d / "real")
+        os.symlink("real", d / "link")
+        os.lchown(d / "link", user.pw_uid, user.pw_gid)
+        err = d / "link" / "err.out"
+        watched, reason = [], "is a symbolic link; refusing to follow it"
+    script = (f"#!/bin/sh\necho to-stderr >&2\n{prepare}\necho ready\n"
+              f"while [ ! -e {d}/go ]; do sleep 0.1; done\nexit 1\n")
+    path = d / "job.sh"
+    users(path, 0o755, script.encode())
+    proc = run_as(LAB_USER, ["/usr/bin/sbatch", "--parsable", f"--output={d}/%j.out", f"--error={err}", str(path)],
+                  lab.env(), cwd=str(d))
+    assert proc.returncode == 0, proc.stderr
+    job_id = int(proc.stdout.strip().split(";")[0])
+    swapper = None
+    fifo_fd = None
+    fds = []
+    try:
+        job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
+        assert job is not None, f"job {job_id} did not start"
+        node = job.nodes
+        out = d / f"{job_id}.out"
+        wait_for(lambda: out.exists() and "ready" in out.read_text(errors="replace"), 60, "the job's setup")
+        if kind == "symlinked-dir":
+            watched = [d / "real" / "err.out"]
+            assert (d / "real" / "err.out").read_bytes() == b"to-stderr\n"
+        opened = threading.Event()
+        if kind == "fifo":
+            assert stat.S_ISFIFO(os.lstat(err).st_mode)
+            fifo_fd = os.open(err, os.O_PATH | os.O_CLOEXEC)    # this FIFO, wherever it is moved
+            watched.append(err)
+
+            def writer():                                   # returns only once a reader opened it
+                os.close(os.open(f"/proc/self/fd/{fifo_fd}", os.O_WRONLY))
+                opened.set()
+            threading.Thread(target=writer, daemon=True).start()
+        for p in watched:                                   # after Slurm opened the job's output
+            ino = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            assert ino >= 0 and libc.inotify_add_watch(ino, bytes(p), 0x20) >= 0   # IN_OPEN
+            fds.append(ino)
+        if kind == "fifo":
+            # the user swaps the directory on the path, with a symlink to the decoy, all along
+            swapper = subprocess.Popen(
+                ["/usr/sbin/runuser", "-u", LAB_USER, "--", "/bin/sh", "-c",
+                 "while [ ! -e stop ]; do mv -T out held; ln -s decoy out; rm out; mv -T held out; done"],
+                cwd=str(d), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (d / "go").touch()
+        cfg = config_mod.load(lab.lay.ft_conf)
+
+        def verdict():
+            with open_journal(cfg.node_journal_path(node)) as j:
+                return j.verdicts(job_id)
+        (v, *_) = wait_for(verdict, 90, f"the epilog's verdict for job {job_id}")
+        assert v["verdict"] in ("user", "unknown"), v
+        log = cfg.node_state.log.replace("{node}", node)
+        lines = [line for line in open(log, encoding="utf-8") if f" job {job_id} " in line]
+        assert any(reason in line for line in lines), lines
+        for ino in fds:
+            try:
+                events = os.read(ino, 4096)
+            except BlockingIOError:
+                events = b""
+            assert events == b"", f"{kind}: the epilog opened a node it must never open"
+        assert not opened.is_set(), "the FIFO was opened for reading"
+        _no_node_action(slurm, lab, job_id)
+    finally:
+        (d / "stop").touch()
+        if swapper is not None:
+            swapper.wait(timeout=30)
+        if fifo_fd is not None:                             # release the writer
+            os.close(os.open(f"/proc/self/fd/{fifo_fd}", os.O_RDONLY | os.O_NONBLOCK))
+            os.close(fifo_fd)
+        for ino in fds:
+            os.close(ino)
+        slurm.run("scancel", str(job_id), check=False)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(devdir, ignore_errors=True)

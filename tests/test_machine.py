@@ -215,3 +215,169 @@ def test_a_restart_that_may_reuse_a_node_it_left_waits_for_the_revoked_credentia
     one = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1", created=NOW - 0.4)]
     out = m.plan(job(**pend, excluded_nodes="n1"), facts(state=policy.FAILOVER, actions=one), view())
     assert kinds(out) == ["ClearDelay", "Wake"]
+
+
+# ------------------------------------------------------------------ blame needs proof (issue 27)
+def _blamed(actions) -> set[str]:
+    """Every node an action of the machine blames: drained, excluded or given a Slurm verdict."""
+    out: set[str] = set()
+    for a in actions:
+        if isinstance(a, (m.Failover, m.Final)):
+            out |= set(a.blamed) | set(a.node_fail)
+        elif isinstance(a, m.DrainLate):
+            out |= set(a.nodes)
+    return out
+
+
+TWO = ({"attempt": 0, "nodes": "n[1-2]", "start": NOW - 100, "end": NOW - 50, "state": "FAILED", "exit_code": 1,
+        "signal": None},)
+SURVIVOR_UNKNOWN = NodeVerdict(7, 0, "unknown", "no-evidence", (), 1, NOW - 40, "n1")
+
+
+def test_a_two_node_job_that_loses_one_node_blames_only_that_node():
+    """Issue 27 item 5: a 2-node job loses n2 (slurmd gone); n1, the survivor, posts ``unknown``.
+    Slurm says which node failed (22.05: n2 DOWN + NOT_RESPONDING; 24.11: ``FailedNode=n2``, even
+    once n2 answers again): only n2 is blamed. Before: both were (NODE_FAIL blamed every node of
+    the job), and the breaker latched on the healthy one."""
+    pend = dict(state="PENDING", restart=1, nodes="", reason="BeginTime")
+    up, down = node("n1", "allocated"), node("n2", "down", ["NOT_RESPONDING"])
+    for j, nodes in ((job(**pend), [up, down]),                                        # 22.05
+                     (job(**pend, failed_node="n2"), [up, node("n2", "idle")])):        # 24.11
+        out = main(m.plan(j, facts(attempts=TWO, verdicts=[SURVIVOR_UNKNOWN]), view(nodes)))
+        assert kinds(out) == ["Failover"]
+        assert out[0].blamed == ("n2",) and out[0].node_fail == ("n2",)
+    # a job that could not be requeued ends NODE_FAIL: the same
+    ended = job(state="NODE_FAIL", nodes="n[1-2]", reason="NodeDown")
+    out = main(m.plan(ended, facts(attempts=TWO, verdicts=[SURVIVOR_UNKNOWN]), view([up, down])))
+    assert kinds(out) == ["Failover"] and out[0].blamed == ("n2",)
+
+
+def test_a_multi_node_node_fail_naming_no_node_gets_one_unblamed_retry():
+    """Slurm ended the job NODE_FAIL but names no failed node (every node answers, no
+    FailedNode): one retry elsewhere, nobody drained; a second such end is not retried."""
+    ended = job(state="NODE_FAIL", nodes="n[1-2]", reason="NodeDown")
+    fine = [node("n1"), node("n2")]
+    out = main(m.plan(ended, facts(attempts=TWO, verdicts=[SURVIVOR_UNKNOWN]), view(fine)))
+    assert kinds(out) == ["Failover"] and out[0].blamed == () and out[0].node_fail == ()
+    assert policy.NODE_FAIL_UNNAMED_RULE in out[0].reason
+    retried = [act("failover", attempt=-1, detail=json.dumps({"reason": "x", "blamed": []}))]   # an earlier one
+    out = main(m.plan(ended, facts(actions=retried, attempts=TWO), view(fine)))
+    assert kinds(out) == ["Final"] and out[0].kind == policy.MAX_RETRIES and _blamed(out) == set()
+
+
+NAMES = ("n1", "n2", "n3", "n4")
+CLASSES = ("hardware", "user", "infra", "hang", "unknown", "ok")
+NODE_STATES = (("idle", ()), ("allocated", ()), ("mixed", ("DRAIN",)), ("down", ()), ("down", ("NOT_RESPONDING",)),
+               ("idle", ("NOT_RESPONDING",)), ("allocated", ("COMPLETING",)), ("down", ("DRAIN",)))
+
+
+def _verdict_strategy():
+    from hypothesis import strategies as st
+    return st.tuples(st.sampled_from(CLASSES), st.sampled_from(("no-evidence", "xid-79", "unverified:xid-79",
+                                                                  "nccl-timeout", "slurm-node-fail", "clean-exit")),
+                     st.booleans())
+
+
+def test_blame_is_only_what_slurm_or_trusted_hardware_says():
+    """The structural rule, over arbitrary combinations of the job's nodes, each node's verdict
+    (any class and rule, or none), each node's Slurm state, the job's FailedNode (any nodes, even
+    ones not in the job), how the attempt ended (FAILED, NODE_FAIL, requeued by Slurm), the
+    site's ``retry_unknown`` and earlier failovers: a node is blamed only when its own verdict is
+    ``hardware`` or Slurm names it failed (down / not responding / FailedNode; a one-node job's
+    NODE_FAIL names its node). A survivor, whatever it says short of hardware, is never blamed."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(n=st.integers(1, 4), per_node=st.lists(st.tuples(st.one_of(st.none(), _verdict_strategy()),
+                                                            st.sampled_from(NODE_STATES)), min_size=4, max_size=4),
+           failed=st.lists(st.sampled_from(NAMES + ("x9",)), max_size=3), how=st.sampled_from(
+               ("FAILED", "NODE_FAIL", "requeued", "COMPLETED", "TIMEOUT")),
+           retry_unknown=st.booleans(), failovers=st.integers(0, 2), retries=st.integers(0, 3))
+    def check(n, per_node, failed, how, retry_unknown, failovers, retries):
+        names = NAMES[:n]
+        hostlist = m.hostlist(names)
+        verdicts, nodes, hardware = [], [], set()
+        for name, (v, (state, flags)) in zip(names, per_node):
+            nodes.append(node(name, state, flags))
+            if v is not None:
+                cls, rule, _ = v
+                verdicts.append(NodeVerdict(7, 0, cls, rule, (), 1, NOW - 40, name))
+                if cls == "hardware":
+                    hardware.add(name)
+        lost_nodes = {x.name for x in nodes if m.lost(x)}
+        named = set(failed) & set(names) if names else set(failed)
+        raw = {"failed_node": ",".join(failed)} if failed else {}
+        if how == "requeued":
+            j = job(state="PENDING", restart=1, nodes="", reason="BeginTime", **raw)
+        else:
+            j = job(state=how, nodes=hostlist, reason="NodeDown", **raw)
+        attempts = ({"attempt": 0, "nodes": hostlist, "start": NOW - 100, "end": NOW - 50, "state": how,
+                     "exit_code": 1, "signal": None},)
+        done = [act("failover", attempt=-1 - i, detail=json.dumps({"reason": "x", "blamed": []}))
+                for i in range(failovers)]
+        f = m.Facts(7, row={"ft_state": policy.RUNNING, "retries": retries}, actions=tuple(done),
+                    verdicts=tuple(verdicts), attempts=attempts, opts=OPTS, seen_ended=NOW - 60)
+        cfg = FailoverConfig(retry_unknown=retry_unknown)
+        out = m.plan(j, f, m.View(NOW, {x.name: x for x in nodes}, cfg, top_priority=100))
+        blamed = _blamed(out)
+        slurm_says = lost_nodes | named
+        if how in ("NODE_FAIL", "requeued") and n == 1:
+            slurm_says |= set(names)          # a one-node job's NODE_FAIL names its node
+        assert blamed <= hardware | slurm_says, (blamed, hardware, slurm_says, out)
+        survivors = set(names) - hardware - slurm_says
+        assert not blamed & survivors
+
+    check()
+
+
+# ------------------------------------------------------------------ checkpoint acks (issue 27 item 9)
+def test_a_saved_ack_counts_only_as_the_answer_to_slurm_fts_signal():
+    """A ``saved`` ack buys a continuation only when it answers the checkpoint signal slurm-ft
+    journaled (done) for this very attempt. An ack with no signal, before the signal, of another
+    attempt, or after a signal nothing caught buys nothing."""
+    run = job(state="RUNNING", reason="None", nodes="n1", end_time=0, time_limit=10, start_time=int(NOW - 590))
+    at_limit = view(now=NOW)
+    note = act("ckpt-notify", detail="time-limit: SIGUSR1 to 1; wait 60 s; time limit near", created=NOW - 20)
+    ack = act("ckpt-ack", detail="saved step=3", created=NOW - 10)
+    early = act("ckpt-ack", detail="saved step=1", created=NOW - 200)
+
+    def first(actions):
+        return kinds(actions)[0] if kinds(actions) else None
+
+    # the answer to slurm-ft's own signal: continued
+    out = main(m.plan(run, facts(actions=[note, ack]), at_limit))
+    assert kinds(out) == ["RequeueNotFault"] and out[0].kind == policy.CONTINUE
+    # no signal at all: the ack buys nothing (the signal goes out now)
+    assert first(m.plan(run, facts(actions=[ack]), at_limit)) == "Notify"
+    # journaled long before the signal: not an answer
+    assert kinds(m.plan(run, facts(actions=[note, early]), at_limit)) == ["Wake"]
+    # an ack of another attempt
+    other = {**ack, "attempt": 1}
+    assert kinds(m.plan(run, facts(actions=[note, other]), at_limit)) == ["Wake"]
+    # a signal that nothing caught (skipped): nobody was asked, nobody can answer
+    skipped = {**note, "status": "skipped"}
+    assert "RequeueNotFault" not in kinds(m.plan(run, facts(actions=[skipped, ack]), at_limit))
+    # and when the job ends at its limit: only the answered signal continues it
+    ended = job(state="TIMEOUT", nodes="n1", reason="TimeLimit")
+    assert kinds(m.plan(ended, facts(actions=[ack]), view())) == ["Final"]
+    out = main(m.plan(ended, facts(actions=[note, ack]), view()))
+    assert kinds(out) == ["RequeueNotFault"] and out[0].kind == policy.CONTINUE
+    # the bound: default 2 continuations
+    two = [act("continue", attempt=-1), act("continue", attempt=-2)]
+    out = main(m.plan(ended, facts(actions=[*two, note, ack]), view()))
+    assert kinds(out) == ["Final"] and out[0].kind == policy.TIMEOUT
+    assert CFG.max_continuations == 2
+
+
+def test_slurms_failed_node_is_read_from_scontrol_show_job():
+    """``FailedNode=`` (``scontrol show job``, Slurm >= 23.02; absent on 22.05) is the job's own
+    word from slurmctld on which node failed: parsed in one place (slurm_ft.jobinfo) into
+    ``Job.failed_nodes``; 24.11 JSON's ``failed_node`` reads the same."""
+    from slurm_ft.jobinfo import parse_show_job
+
+    text = ("JobId=5 JobName=train\n   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A\n"
+            "   JobState=PENDING Reason=BeginTime FailedNode=c1 Dependency=(null)\n"
+            "   Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0\n   NodeList=(null)\n")
+    assert Job.from_json(parse_show_job(text, 5)).failed_nodes == ["c1"]
+    assert Job.from_json(parse_show_job(text.replace(" FailedNode=c1", ""), 5)).failed_nodes == []
+    assert job(failed_node="c[1-2]").failed_nodes == ["c1", "c2"]

@@ -17,7 +17,7 @@ from slurm_ft.slurm import split_nodes
 
 from slurm_ft import config as config_mod
 from slurm_ft.checkpoint import channel
-from slurm_ft.checkpoint.evacuate import evacuate_node
+from slurm_ft.failover import evacuation
 from slurm_ft.history import history
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import wait_for
@@ -59,6 +59,21 @@ def _journal(lab):
     return open_journal(config_mod.load(lab.lay.ft_conf).journal.path)
 
 
+def _evacuate(lab, slurm, node: str, job_id: int) -> evacuation.Outcome:
+    """``slurm-ft drain NODE --checkpoint --job J``: the request, carried out by the lab's daemon."""
+    cfg = config_mod.load(lab.lay.ft_conf)
+    with open_journal(cfg.journal.path) as journal:
+        _, requests, _ = evacuation.request(slurm, journal, node, cfg.failover, only_jobs=[job_id])
+        assert [r.job_id for r in requests] == [job_id]
+        (out,) = evacuation.follow(journal, requests, evacuation.default_timeout_s(requests))
+    return out
+
+
+def _notify_detail(lab, job_id: int) -> str:
+    with _journal(lab) as journal:
+        return next(a["detail"] for a in journal.actions(job_id, 0) if a["action"] == "ckpt-notify")
+
+
 def test_drain_checkpoint_every_rank_saves_requeue_resume(spank_lab, slurm):
     lab = spank_lab
     d = _workdir(lab)
@@ -70,11 +85,9 @@ def test_drain_checkpoint_every_rank_saves_requeue_resume(spank_lab, slurm):
              "both ranks up")
     time.sleep(1.0)
     node = split_nodes(job.nodes)[0]
-    with _journal(lab) as journal:
-        t0 = time.monotonic()
-        outcomes = evacuate_node(slurm, journal, node, default_retries=3, log=lambda *_: None)
-        took = time.monotonic() - t0
-    out = next(o for o in outcomes if o.job_id == job_id)
+    t0 = time.monotonic()
+    out = _evacuate(lab, slurm, node, job_id)
+    took = time.monotonic() - t0
     assert out.result == "saved" and out.requeued, out
     assert out.step and out.step > 0 and out.path == str(d)
     assert sorted(p.name for p in d.glob("rank*.a0.saved")) == ["rank0.a0.saved", "rank1.a0.saved"]
@@ -100,11 +113,10 @@ def test_job_ignoring_signal_times_out_and_is_requeued(spank_lab, slurm):
     job_id = _submit_ranks(lab, d, "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=3", nodes=1, mode="noack")
     job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
     wait_for(lambda: (d / "out.log").exists() and "attempt 0" in (d / "out.log").read_text(), 30, "rank up")
-    with _journal(lab) as journal:
-        outcomes = evacuate_node(slurm, journal, job.nodes, default_retries=3, log=lambda *_: None)
-    out = next(o for o in outcomes if o.job_id == job_id)
-    assert out.result == "timeout" and out.requeued and out.delivery.signalled == 1, out
-    assert 3.0 <= out.waited_s < 6.0
+    out = _evacuate(lab, slurm, job.nodes, job_id)
+    assert out.result == "timeout" and out.requeued and not out.ok, out
+    assert "SIGUSR2 to 1 process(es)" in _notify_detail(lab, job_id)
+    assert 3.0 <= out.waited_s < 8.0          # the wait, then the daemon's next look (every 2 s)
     with _journal(lab) as journal:
         h = history(journal, job_id)
     assert h["attempts"][0]["checkpoint"]["result"] == "timeout"
@@ -121,11 +133,9 @@ def test_job_ignoring_signal_is_not_signalled_and_requeued_at_once(spank_lab, sl
     job_id = _submit_ranks(lab, d, "--ft-ckpt-signal=USR2", "--ft-ckpt-wait=30", nodes=1, mode="ignore")
     job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 60)
     wait_for(lambda: (d / "out.log").exists() and "attempt 0" in (d / "out.log").read_text(), 30, "rank up")
-    with _journal(lab) as journal:
-        outcomes = evacuate_node(slurm, journal, job.nodes, default_retries=3, log=lambda *_: None)
-    out = next(o for o in outcomes if o.job_id == job_id)
-    assert out.result == "unprepared" and out.requeued and out.delivery.signalled == 0, out
-    assert any(s["why"] == "ignores the signal" for n in out.delivery.nodes for s in n.skipped)
+    out = _evacuate(lab, slurm, job.nodes, job_id)
+    assert out.result == "unprepared" and out.requeued, out
+    assert "SIGUSR2 to 0 process(es)" in _notify_detail(lab, job_id)
     again = slurm.wait_job(job_id, lambda j: j.state == "RUNNING" and j.restart_count == 1, 60, 0.2)
     assert again is not None and again.nodes != job.nodes
     with _journal(lab) as journal:

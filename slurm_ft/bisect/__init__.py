@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import SlurmFTError
-from .runner import BisectError, Spec, check_nodes, drain_reason, journal_rounds, run_round, summary
+from .runner import BisectError, Spec, Tickets, check_nodes, drain_reason, journal_rounds, run_round, summary
 from .search import Outcome, Result, Round, Test, bisect
 
 __all__ = ["BisectError", "Outcome", "Result", "Round", "Spec", "Test", "auto_bisect_wanted", "bisect",
@@ -47,8 +47,9 @@ def run_bisect(cfg, slurm, nodes: list[str], spec: Spec, *, confirm: bool = True
         spec.gpus_per_node = min(gpus.values()) if gpus else 0
     session = time.strftime("%H%M%S")
     log(f"bisect {len(nodes)} nodes with {spec.name}: {', '.join(nodes)}")
-    result = bisect(nodes, lambda number, tests: run_round(slurm, spec, session, number, tests, log),
-                    min_nodes=min_nodes, confirm=confirm)
+    with Tickets() as tickets:
+        result = bisect(nodes, lambda number, tests: run_round(slurm, spec, session, number, tests, log, tickets),
+                        min_nodes=min_nodes, confirm=confirm)
     log(summary(result))
     drained: dict[str, str] = {}
     if drain and cfg.bisect.drain and len(result.culprits) * 2 > len(nodes):
@@ -96,13 +97,16 @@ def bisect_candidate(decision, job_nodes: list[str]) -> bool:
 
 
 def spawn(cfg, job_id: int, attempt: int, nodes: list[str]) -> subprocess.Popen:
-    """Start ``slurm-ft bisect --nodes ... --job J --attempt A`` as a child process (what the
-    daemon does: a bisect takes minutes and must not hold a daemon cycle). Its output goes to the
-    daemon's stderr."""
-    from ..slurm import compress_nodes
-    argv = [sys.executable, "-m", "slurm_ft.cli", "bisect", "--nodes", compress_nodes(nodes), "--job", str(job_id),
-            "--attempt", str(attempt), "--from-daemon"]
+    """Start ``python -I -u -m slurm_ft.cli bisect --nodes ... --job J --attempt A`` as a child
+    process (what the daemon does: a bisect takes minutes and must not hold a daemon cycle), in
+    ``/`` with a minimal environment (fixed ``PATH``, ``LC_ALL``, and the daemon's
+    ``SLURM_CONF``/``SLURM_FT_CONFIG`` when set): root never runs Python that a working directory
+    or a ``PYTHON*`` variable could redirect. Its output goes to the daemon's stderr."""
+    from ..slurm import SAFE_PATH, compress_nodes
+    argv = [sys.executable, "-I", "-u", "-m", "slurm_ft.cli", "bisect", "--nodes", compress_nodes(nodes),
+            "--job", str(job_id), "--attempt", str(attempt), "--from-daemon"]
     if cfg.source:
         argv += ["--config", cfg.source]
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    env = {"PATH": SAFE_PATH, "LC_ALL": "C"}
+    env.update({k: os.environ[k] for k in ("SLURM_CONF", "SLURM_FT_CONFIG") if os.environ.get(k)})
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, cwd="/", env=env)

@@ -1,6 +1,6 @@
 """The shipped bisect test: every node's GPU health checks, then an all-reduce across the nodes.
 
-Run by ``slurm-ft bisect`` under ``srun`` (one task per node): ``python -m slurm_ft.bisect.collective``.
+Run by ``slurm-ft bisect`` under ``srun`` (one task per node): ``python -I -m slurm_ft.bisect.collective``.
 Each rank checks its node (``slurm_ft.health.run_checks``), computes a known vector on each of
 its GPUs and sends it to rank 0 over TCP; rank 0 sums them and compares the sum with the exact
 expected value, then tells every rank. Like a real all-reduce, the result says *that* the
@@ -13,27 +13,31 @@ backend = "fake"``) the vector is computed on the CPU and a GPU whose inventory 
 sees); elsewhere (no torch/CUDA) the CPU computes it and the test checks the network path only,
 and says so.
 
-Rendezvous (no shared filesystem): rank 0 listens on the first free port of
-``PORT_BASE + (job * 31 + step) % PORT_SPAN`` and the next :data:`PORT_TRIES`; the others connect
-to rank 0's node (its address from DNS, else ``scontrol show node``'s ``NodeAddr``) and introduce
-themselves with ``job.step``, so a listener of another job on a candidate port is skipped.
+Rendezvous (no shared filesystem; slurm_ft/bisect/meeting.py): rank 0 listens on the first free
+port of ``PORT_BASE + (job * 31 + step) % PORT_SPAN`` and the next :data:`PORT_TRIES`; the others
+probe them all at once and join the listener that proves, with the bisect's secret (a ticket the
+runner hands every rank on stdin), to be this test's rank 0. Every message is MAC'd and bound to
+the bisect, round, test, step and connection; rank 0 counts only the test's ranks, once each.
 
-Exit status: 0 pass, 1 the test failed (health or collective), 2 it could not run (rendezvous).
+Exit status: 0 pass, 1 the test failed (health or collective), 2 it could not run (no ticket, no
+meeting: a line starting with :data:`NOT_RUN`; bisect then blames nobody).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
-import time
+
+from .meeting import Meeting, MeetingError, Ticket
 
 PORT_BASE, PORT_SPAN, PORT_TRIES = 40000, 20000, 16
 #: Values per GPU vector, and seconds to wait for every rank to join.
 LENGTH, JOIN_TIMEOUT_S = 256, 90.0
 #: The value a corrupting fake GPU gets wrong, and by how much.
 CORRUPT_INDEX, CORRUPT_DELTA = 17, 1.0
+#: How a rank's output line starts when the test could not run (the runner reads it: no verdict).
+NOT_RUN = "collective: NOT RUN"
 
 
 def value(rank: int, gpu: int, i: int) -> float:
@@ -105,89 +109,6 @@ def node_address(node: str) -> str:
         return addr
 
 
-def _send(sock: socket.socket, obj: dict) -> None:
-    sock.sendall(json.dumps(obj).encode() + b"\n")
-
-
-def _recv(sock: socket.socket, limit: int = 1 << 22) -> dict | None:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        buf += chunk
-        if len(buf) > limit:
-            return None
-    try:
-        obj = json.loads(buf)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def serve(tag: str, size: int, mine: dict, candidates: list[int], timeout_s: float) -> dict:
-    """Rank 0: gather every rank's message (``mine`` is rank 0's), reduce, answer each rank."""
-    srv = None
-    for port in candidates:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-            s.listen(size + 8)
-            srv = s
-            break
-        except OSError:
-            s.close()
-    if srv is None:
-        raise OSError(f"no free port in {candidates[0]}..{candidates[-1]}")
-    deadline = time.monotonic() + timeout_s
-    peers: dict[int, tuple[socket.socket, dict]] = {}
-    try:
-        while len(peers) < size - 1:
-            srv.settimeout(max(0.1, deadline - time.monotonic()))
-            try:
-                conn, _ = srv.accept()
-            except socket.timeout:
-                raise OSError(f"{len(peers) + 1} of {size} ranks joined within {timeout_s:g} s") from None
-            conn.settimeout(10.0)
-            msg = _recv(conn)
-            if not msg or msg.get("tag") != tag or not isinstance(msg.get("rank"), int):
-                conn.close()
-                continue
-            peers[msg["rank"]] = (conn, msg)
-        every = {0: mine, **{r: m for r, (_, m) in peers.items()}}
-        answer = reduce_and_check(every)
-        for conn, _ in peers.values():
-            _send(conn, answer)
-            conn.close()
-        return answer
-    finally:
-        srv.close()
-
-
-def join(tag: str, rank: int, mine: dict, addr: str, candidates: list[int], timeout_s: float) -> dict:
-    """Ranks 1..n-1: find rank 0 among the candidate ports, send, wait for the answer."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for port in candidates:
-            try:
-                s = socket.create_connection((addr, port), timeout=2.0)
-            except OSError:
-                continue
-            try:
-                s.settimeout(max(1.0, deadline - time.monotonic()))
-                _send(s, {**mine, "tag": tag, "rank": rank})
-                answer = _recv(s)
-            except OSError:
-                answer = None
-            finally:
-                s.close()
-            if answer is not None:
-                return answer
-        time.sleep(0.3)
-    raise OSError(f"rank 0 at {addr} not found on ports {candidates[0]}..{candidates[-1]} within {timeout_s:g} s")
-
-
 def reduce_and_check(every: dict[int, dict]) -> dict:
     """Sum every rank's GPU vectors and compare with the exact expected sum."""
     sick = [f"{m.get('node')}: {m['health']}" for m in every.values() if m.get("health")]
@@ -210,7 +131,10 @@ def reduce_and_check(every: dict[int, dict]) -> dict:
     return {"ok": True, "why": f"all-reduce over {len(every)} ranks, {n_gpus} GPUs ({'/'.join(how)}): exact"}
 
 
-def main(env=None) -> int:
+def main(env=None, stdin=None) -> int:
+    """The test on one rank (``env``: the task's environment; ``stdin``: the binary stream the
+    runner's ticket arrives on). Exit 0 pass, 1 fail, 2 not run (a line starting with
+    :data:`NOT_RUN` says why: no ticket, no meeting)."""
     from .. import config as config_mod
     env = os.environ if env is None else env
     try:
@@ -222,20 +146,26 @@ def main(env=None) -> int:
         print(f"collective: not run under srun ({exc})", file=sys.stderr)
         return 2
     from ..slurm import split_nodes
+    try:
+        meeting = Meeting(Ticket.read(stdin if stdin is not None else sys.stdin.buffer), f"{job}.{step}", size)
+        meeting.check(node)
+    except MeetingError as exc:
+        print(f"{NOT_RUN}: rank {rank} on {node}: {exc}", flush=True)
+        return 2
     cfg = config_mod.load(env=dict(env))
     sick = health(cfg, node)
     vectors, how = compute(cfg, node, rank, local_gpus(env))
     mine = {"node": node, "health": sick, "how": how, "vectors": {str(g): v for g, v in vectors.items()}}
-    tag = f"{job}.{step}"
     try:
         if size == 1:
             answer = reduce_and_check({0: mine})
         elif rank == 0:
-            answer = serve(tag, size, mine, ports(job, step), JOIN_TIMEOUT_S)
+            answer = meeting.serve(mine, ports(job, step), JOIN_TIMEOUT_S, reduce_and_check)
         else:
-            answer = join(tag, rank, mine, node_address(split_nodes(nodes)[0]), ports(job, step), JOIN_TIMEOUT_S)
+            answer = meeting.join(rank, node, mine, node_address(split_nodes(nodes)[0]), ports(job, step),
+                                  JOIN_TIMEOUT_S)
     except OSError as exc:
-        print(f"collective: FAIL rank {rank} on {node}: could not run: {exc}", flush=True)
+        print(f"{NOT_RUN}: rank {rank} on {node}: {exc}", flush=True)
         return 2
     if rank == 0:
         print(f"collective: {'PASS' if answer.get('ok') else 'FAIL'}: {answer.get('why')}", flush=True)

@@ -4,22 +4,36 @@ Each test is one ``srun`` (its own allocation) on exactly its nodes, one task pe
 whole nodes with all their GPUs; the tests of a round run at the same time. Runs as the user who
 starts ``slurm-ft bisect`` (an admin: root, to drain) with a fixed ``PATH`` and argv lists
 (``slurm_ft.slurm``). The test is the admin's own command or the shipped one
-(``python -m slurm_ft.bisect.collective``: health checks plus a collective): never a job's code.
+(``python -I -m slurm_ft.bisect.collective``: health checks plus a collective): never a job's code.
+Every test runs in ``/`` (``--chdir=/``) with only ``PATH``, ``LC_ALL`` and ``SLURM_CONF`` (plus
+Slurm's own ``SLURM_*``) in its environment.
+
+The shipped test's ranks meet over TCP (slurm_ft/bisect/meeting.py); :class:`Tickets` draws the
+bisect's secret and hands it to each test's ranks on stdin through a root-only file
+(``srun --input=FILE``, read by srun here and copied to every task): never argv or the
+environment. A test whose meeting failed (a ``collective: NOT RUN`` line) is a test that did not
+run: no verdict on its nodes, the bisect stops and drains nobody.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import secrets
 import shlex
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
 from ..errors import SlurmCommandError, SlurmFTError
 from ..slurm import compress_nodes
+from .collective import NOT_RUN
+from .meeting import Ticket
 from .search import Outcome, Result, Round, Test
 
 #: The shipped test: every node's health checks, then an all-reduce across the nodes' GPUs.
@@ -29,6 +43,8 @@ OUTPUT_TAIL = 2000
 #: Seconds srun may wait for its allocation beyond the test's own time limit.
 ALLOC_WAIT_S = 120.0
 _JOBID = re.compile(r"srun: jobid (\d+)")
+#: The environment a test gets: these of srun's own (``slurm_ft.slurm.Slurm`` sets them), nothing else.
+TEST_ENV = "PATH,LC_ALL,SLURM_CONF"
 
 
 class BisectError(SlurmFTError):
@@ -60,13 +76,19 @@ class Spec:
         return cls(argv, test, **kw)
 
     def program(self) -> list[str]:
-        return self.argv if self.argv else [sys.executable, "-m", "slurm_ft.bisect.collective"]
+        """The argv each task runs: the admin's, or the shipped test under ``python -I`` (no
+        ``PYTHON*`` variable, no user site, not the working directory on ``sys.path``)."""
+        return self.argv if self.argv else [sys.executable, "-I", "-m", "slurm_ft.bisect.collective"]
 
-    def srun_args(self, nodes: tuple[str, ...], label: str) -> list[str]:
+    def srun_args(self, nodes: tuple[str, ...], label: str, ticket: str | None = None) -> list[str]:
+        """srun's arguments for one test on ``nodes``; ``ticket``: the root-only file srun copies to
+        every task's stdin (the shipped test's meeting ticket)."""
         minutes = max(1, math.ceil(self.timeout_s / 60))
         args = ["--verbose", f"--job-name=slurm-ft-bisect-{label}", f"--nodelist={compress_nodes(nodes)}",
                 f"--nodes={len(nodes)}", f"--ntasks-per-node={self.tasks_per_node}", "--exclusive",
-                f"--time={minutes}", "--kill-on-bad-exit=1"]
+                f"--time={minutes}", "--kill-on-bad-exit=1", "--chdir=/", f"--export={TEST_ENV}"]
+        if ticket is not None:
+            args.append(f"--input={ticket}")
         if self.gpus_per_node:
             args.append(f"--gres=gpu:{self.gpus_per_node}")
         if self.partition:
@@ -95,18 +117,57 @@ def check_nodes(slurm, nodes: list[str]) -> dict[str, int]:
     return gpus
 
 
-def run_test(slurm, spec: Spec, test: Test, label: str) -> Outcome:
+class Tickets:
+    """One bisect's meeting secret (32 random bytes) and id, and the files that hand them to each
+    test's ranks: one per test, mode 0600 in a fresh 0700 directory (``tempfile.mkdtemp``), removed
+    when the bisect ends. Use as a context manager."""
+
+    def __init__(self) -> None:
+        self.key = secrets.token_bytes(32)
+        self.bisect = secrets.token_hex(8)
+        self.dir: str | None = None
+
+    def __enter__(self) -> "Tickets":
+        try:
+            self.dir = tempfile.mkdtemp(prefix="slurm-ft-bisect-")
+        except OSError as exc:
+            raise BisectError(f"cannot make a directory for the meeting tickets: {exc}") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def write(self, number: int, index: int, test: Test, tasks_per_node: int) -> str:
+        """The ticket of test ``index`` (1-based) of round ``number``: its path. Raises ``OSError``."""
+        ticket = Ticket(self.key, self.bisect, number, index, tuple(test.nodes), tasks_per_node)
+        path = os.path.join(self.dir, f"r{number}-{index}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(ticket.line())
+        return path
+
+
+def run_test(slurm, spec: Spec, test: Test, label: str, ticket: str | None = None) -> Outcome:
     """One test as one ``srun``; passed when srun exits 0. Never raises for the test's failure: a
-    refused allocation or a timeout is a failed test with the reason as detail."""
+    refused allocation or a timeout is a failed test with the reason as detail. The shipped test
+    reporting ``collective: NOT RUN`` (its meeting failed) is a test that did not run (``ran``
+    False): no verdict on its nodes, whatever srun's exit status."""
     try:
-        proc = slurm.run("srun", *spec.srun_args(test.nodes, label), check=False,
+        proc = slurm.run("srun", *spec.srun_args(test.nodes, label, ticket), check=False,
                          timeout_s=spec.timeout_s + ALLOC_WAIT_S)
     except SlurmCommandError as exc:
         return Outcome(False, None, None, f"srun: {exc}", ran=False)
     m = _JOBID.search(proc.stderr or "")
+    out = proc.stdout or ""
+    if spec.argv is None:
+        not_run = [ln.strip() for ln in out.splitlines() if ln.startswith(NOT_RUN)]
+        if not_run:
+            return Outcome(False, int(m.group(1)) if m else None, proc.returncode, not_run[0][-300:], ran=False)
     # no job id: srun refused before any allocation (usage, partition, node state), not a result
     return Outcome(proc.returncode == 0, int(m.group(1)) if m else None, proc.returncode,
-                   _detail(proc.stdout or "", proc.stderr or ""), ran=m is not None)
+                   _detail(out, proc.stderr or ""), ran=m is not None)
 
 
 def _detail(stdout: str, stderr: str) -> str:
@@ -120,12 +181,23 @@ def _detail(stdout: str, stderr: str) -> str:
     return pick[-300:]
 
 
-def run_round(slurm, spec: Spec, session: str, number: int, tests: list[Test], log=print) -> list[Outcome]:
-    """The tests of one round, each in a thread (each is one blocking srun); outcomes in order."""
+def run_round(slurm, spec: Spec, session: str, number: int, tests: list[Test], log=print,
+              tickets: Tickets | None = None) -> list[Outcome]:
+    """The tests of one round, each in a thread (each is one blocking srun); outcomes in order.
+    ``tickets``: the bisect's (the shipped test needs one; None: a secret of this round's own).
+    Raises :class:`BisectError` when a test did not run (no verdict on anyone)."""
+    if tickets is None and spec.argv is None:
+        with Tickets() as own:
+            return run_round(slurm, spec, session, number, tests, log, own)
     outcomes: list[Outcome | None] = [None] * len(tests)
+    try:
+        paths = [tickets.write(number, i + 1, t, spec.tasks_per_node) if spec.argv is None else None
+                 for i, t in enumerate(tests)]
+    except OSError as exc:
+        raise BisectError(f"round {number}: cannot write the meeting ticket: {exc}") from None
 
     def one(i: int) -> None:
-        outcomes[i] = run_test(slurm, spec, tests[i], f"{session}-r{number}-{i + 1}")
+        outcomes[i] = run_test(slurm, spec, tests[i], f"{session}-r{number}-{i + 1}", paths[i])
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(tests))]
     t0 = time.monotonic()
@@ -150,8 +222,9 @@ def format_round(r: Round, took_s: float | None = None) -> str:
         if t.suspects != t.nodes:
             where = f"{compress_nodes(t.suspects)}+{compress_nodes([n for n in t.nodes if n not in t.suspects])}"
         job = f"job {o.job_id}" if o.job_id else "no job"
-        parts.append(f"{where} PASS ({job})" if o.passed else
-                     f"{where} FAIL ({job}, exit {o.exit_code}{': ' + o.detail if o.detail else ''})")
+        detail = f": {o.detail}" if o.detail else ""
+        parts.append(f"{where} PASS ({job})" if o.passed else f"{where} FAIL ({job}, exit {o.exit_code}{detail})"
+                     if o.ran else f"{where} NOT RUN ({job}{detail})")
     took = f" ({took_s:.1f} s)" if took_s is not None else ""
     return f"round {r.number}{took}: " + " | ".join(parts)
 

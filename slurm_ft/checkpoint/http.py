@@ -10,29 +10,48 @@ the node can reach such a port, so every request must carry ``Authorization: Bea
 job's user and root can read). Without it: 401; a wrong secret: 403; neither triggers a save, and
 both are logged (``slurm_ft.checkpoint.http`` logger, control characters escaped, rate-limited).
 :func:`notify` and :func:`status` are the matching client.
+
+The server runs inside the training process, so what other users send is bounded there: one
+thread (a ``selectors`` loop), at most :data:`MAX_CONNECTIONS` sockets, each request whole within
+:data:`REQUEST_TIMEOUT_S`, at most :data:`MAX_HEADER` / :data:`MAX_BODY` bytes, one request per
+connection; :func:`parse_request` is the one parser of what arrives (tests/test_checkpoint_http.py).
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import ipaddress
 import json
 import logging
 import os
+import selectors
 import socket
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, MutableMapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 
 from ..errors import ConfigError, SlurmFTError
 from . import auth
 
 PORT_RANGE = (9000, 9999)
 NOTIFY, STATUS = "/v1/preempt/notify", "/v1/preempt/status"
+#: Bytes of request body accepted (Content-Length above: 413).
 MAX_BODY = 65536
+#: Bytes of request line + header fields accepted (more: 413).
+MAX_HEADER = 8192
+#: Header fields accepted.
+MAX_HEADERS = 64
+#: Connections open at once (one more closes the oldest still waiting for its request).
+MAX_CONNECTIONS = 64
+#: Seconds from a connection to its whole request (then to its whole answer) before it is closed.
+REQUEST_TIMEOUT_S = 5.0
+#: listen() backlog, and most connections accepted in one loop turn.
+LISTEN_BACKLOG = 128
+RECV_CHUNK = 16384
 
 log = logging.getLogger(__name__)
 
@@ -87,120 +106,280 @@ class _RefusalLog:
         log.warning(msg, *args)
 
 
+class _Conn:
+    """One client connection: what arrived so far, what is left to send, and its deadline."""
+
+    __slots__ = ("sock", "peer", "data", "out", "deadline")
+
+    def __init__(self, sock: socket.socket, peer, deadline: float):
+        self.sock, self.peer, self.data, self.out, self.deadline = sock, peer, bytearray(), b"", deadline
+
+
+class _Request:
+    """A parsed request: ``method``, ``path``, ``version``, ``headers`` (http.client.HTTPMessage),
+    ``body_len`` (the Content-Length; the body itself is never used)."""
+
+    __slots__ = ("method", "path", "version", "headers", "body_len")
+
+    def __init__(self, method: str, path: str, version: str, headers, body_len: int):
+        self.method, self.path, self.version, self.headers, self.body_len = method, path, version, headers, body_len
+
+
+class _Bad(Exception):
+    """The request cannot be served: answer ``code`` with ``error`` and close."""
+
+    def __init__(self, code: int, error: str):
+        super().__init__(error)
+        self.code, self.error = code, error
+
+
+def parse_request(data: bytes) -> _Request | None:
+    """Parse one HTTP/1.x request from the bytes received so far.
+
+    Returns None while the request is incomplete (header block or ``Content-Length`` body not all
+    there yet); raises :class:`_Bad` (400 malformed, 413 over :data:`MAX_HEADER`/:data:`MAX_BODY`,
+    411 a body without ``Content-Length``) as soon as the bytes cannot become a request this server
+    serves. Never raises anything else (tests/test_checkpoint_http.py feeds it arbitrary bytes)."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        if len(data) > MAX_HEADER:
+            raise _Bad(413, "request header too large")
+        return None
+    if end + 4 > MAX_HEADER:
+        raise _Bad(413, "request header too large")
+    head = data[:end].decode("iso-8859-1")
+    line, _, rest = head.partition("\r\n")
+    parts = line.split(" ")
+    if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/") \
+            or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
+        raise _Bad(400, "bad request line")
+    fields = rest.split("\r\n") if rest else []
+    if len(fields) > MAX_HEADERS:
+        raise _Bad(413, "too many header fields")
+    try:
+        headers = http.client.parse_headers(io.BytesIO(rest.encode("iso-8859-1") + b"\r\n\r\n"))
+    except Exception:  # noqa: BLE001  (http.client raises HTTPException, LineTooLong, email errors)
+        raise _Bad(400, "bad header fields") from None
+    if headers.defects or any(not f or f[0] in " \t" or ":" not in f for f in fields):
+        raise _Bad(400, "bad header fields")
+    if headers.get_all("Transfer-Encoding"):
+        raise _Bad(411, "a body needs Content-Length")
+    lengths = headers.get_all("Content-Length") or ["0"]
+    raw = lengths[0].strip()
+    if len(lengths) != 1 or not raw.isascii() or not raw.isdigit():
+        raise _Bad(400, "bad Content-Length")
+    body_len = int(raw)
+    if body_len > MAX_BODY:
+        raise _Bad(413, "request body too large")
+    if len(data) - (end + 4) < body_len:
+        return None
+    return _Request(parts[0], parts[1], parts[2], headers, body_len)
+
+
 class NotifyServer:
     """``POST /v1/preempt/notify`` and ``GET /v1/preempt/status`` for one ``ExitCheckpoint``,
     on ``host:port`` (checked by :func:`check_bind`), for holders of the job's secret only.
+
+    It runs inside the training process, so its cost is bounded whatever the node's other users
+    send: **one** thread (a ``selectors`` loop, never a thread per connection), at most
+    :data:`MAX_CONNECTIONS` connections open (past it, the oldest connection still waiting for its
+    request is closed to make room), each request complete within :data:`REQUEST_TIMEOUT_S` of its
+    connection (else closed: slow-loris), at most :data:`MAX_HEADER` bytes of header and
+    :data:`MAX_BODY` of body (else 413), one request per connection (``Connection: close``).
 
     ``token``: the secret (default: ``$SLURM_FT_CKPT_TOKEN`` of ``env``, else a new one, see
     :func:`auth.server_token`). ``env`` (default ``os.environ``): read for ``SLURM_JOB_ID`` and
     ``SLURM_FT_RUNTIME_DIR``; with ``export``, the secret is put there for child processes. The
     token file (:class:`auth.TokenLocation`) is written once the port is bound and removed by
-    :meth:`stop`.
+    :meth:`stop`. ``clock``: monotonic seconds (tests).
 
     Raises :class:`ConfigError` (bad host/port/secret, unsafe token directory) or :class:`OSError`
     (port in use); nothing is left behind then."""
 
     def __init__(self, ckpt, host: str = "127.0.0.1", port: int = 9000, *, token: str | None = None,
-                 env: MutableMapping[str, str] | None = None, export: bool = True):
+                 env: MutableMapping[str, str] | None = None, export: bool = True, clock=time.monotonic):
         check_bind(host, port)
         env = os.environ if env is None else env
         self.ckpt = ckpt
         self.token = auth.server_token(env, token)
-        secret = self.token
-        ckpt_ref = ckpt
-        refused = _RefusalLog()
-
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "slurm-ft"
-            sys_version = ""
-
-            def _send(self, code: int, body: dict, headers: Mapping[str, str] | None = None) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("Cache-Control", "no-store")
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _authorized(self) -> bool:
-                code = auth.check_bearer(self.headers.get("Authorization"), secret)
-                if code is None:
-                    return True
-                self.close_connection = True
-                why = "no bearer secret" if code == 401 else "wrong secret"
-                refused("slurm-ft checkpoint: refused %s %s from %s:%s (%d, %s)", printable(self.command or "?", 16),
-                        printable(self.path or ""), self.client_address[0], self.client_address[1], code, why)
-                if code == 401:
-                    self._send(401, {"error": "authentication required"},
-                               {"WWW-Authenticate": 'Bearer realm="slurm-ft checkpoint"', "Connection": "close"})
-                else:
-                    self._send(403, {"error": "forbidden"}, {"Connection": "close"})
-                return False
-
-            def do_POST(self):  # noqa: N802 (http.server API)
-                if not self._authorized():
-                    return
-                raw = self.headers.get("Content-Length") or "0"
-                if not raw.isdigit():
-                    self.close_connection = True
-                    return self._send(400, {"error": "bad Content-Length"})
-                length = min(int(raw), MAX_BODY)
-                if length:
-                    self.rfile.read(length)
-                if self.path.split("?")[0] != NOTIFY:
-                    return self._send(404, {"error": "not found"})
-                ckpt_ref.request("http")
-                self._send(200, {"accepted": True, **ckpt_ref.status()})
-
-            def do_GET(self):  # noqa: N802
-                if not self._authorized():
-                    return
-                if self.path.split("?")[0] != STATUS:
-                    return self._send(404, {"error": "not found"})
-                self._send(200, ckpt_ref.status())
-
-            def log_message(self, *args):  # quiet: the training log is not ours
-                pass
-
-        class Server(ThreadingHTTPServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            daemon_threads = True
-
-            def handle_error(self, request, client_address):  # one line, never a traceback
-                exc = sys.exc_info()[1]
-                log.warning("slurm-ft checkpoint: request from %s failed: %s", client_address[0],
-                            printable(f"{type(exc).__name__}: {exc}"))
-
-        self.server = Server((host, int(port)), Handler)
+        self.clock = clock
+        self.refused = _RefusalLog()
+        #: Unexpected errors while serving a connection (each closed that connection; tests assert 0).
+        self.internal_errors = 0
+        self.conns: dict[int, _Conn] = {}
+        self._stop = threading.Event()
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind((host, int(port)))
+            self.sock.listen(LISTEN_BACKLOG)
+            self.sock.setblocking(False)
             self.location = auth.TokenLocation.for_port(self.address[1], env=env)
             self.token_path = auth.write_token(self.location, self.token)
         except BaseException:
-            self.server.server_close()
+            self.sock.close()
             raise
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.sock, selectors.EVENT_READ, "listen")
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         if export and isinstance(env, MutableMapping):
             auth.export_token(env, self.token)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="slurm-ft-notify", daemon=True)
+        self.thread = threading.Thread(target=self.serve_forever, name="slurm-ft-notify", daemon=True)
 
     @property
     def address(self) -> tuple[str, int]:
         """(host, port) the server listens on."""
-        return self.server.server_address[:2]
+        return self.sock.getsockname()[:2]
 
     def start(self) -> "NotifyServer":
-        """Serve in a daemon thread; returns self."""
+        """Serve in one daemon thread; returns self."""
         self.thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop serving, close the port, remove the token file."""
+        """Stop serving, close the port and every connection, remove the token file."""
+        self._stop.set()
         if self.thread.is_alive():
-            self.server.shutdown()
-        self.server.server_close()
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass
+            self.thread.join(5.0)
+        for conn in list(self.conns.values()):
+            self._close(conn)
+        for s in (self.sock, self._wake_r, self._wake_w):
+            s.close()
+        self.sel.close()
         auth.remove_token(self.location)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        """The selector loop (the server's only thread) until :meth:`stop`. Never raises: an
+        unexpected error closes the connection it came from and is logged in one line."""
+        while not self._stop.is_set():
+            now = self.clock()
+            soonest = min((c.deadline for c in self.conns.values()), default=now + 1.0)
+            try:
+                events = self.sel.select(max(0.0, min(1.0, soonest - now)))
+            except (OSError, ValueError) as exc:   # closed under us by stop(), or EINTR
+                if self._stop.is_set():
+                    return
+                log.warning("slurm-ft checkpoint: select failed: %s", printable(str(exc)))
+                self._stop.wait(0.1)
+                continue
+            for key, mask in events:
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "wake":
+                    try:
+                        self._wake_r.recv(64)
+                    except OSError:
+                        pass
+                else:
+                    conn = self.conns.get(key.fd)
+                    if conn is not None:
+                        self._guarded(conn, self._readable if mask & selectors.EVENT_READ else self._writable)
+            now = self.clock()
+            for conn in [c for c in self.conns.values() if c.deadline <= now]:
+                self._close(conn)        # slow-loris, or a client that never reads its answer
+
+    def _guarded(self, conn: _Conn, step) -> None:
+        try:
+            step(conn)
+        except Exception as exc:  # noqa: BLE001  (one bad connection never stops the server)
+            self.internal_errors += 1
+            log.warning("slurm-ft checkpoint: request from %s failed: %s", conn.peer[0] if conn.peer else "?",
+                        printable(f"{type(exc).__name__}: {exc}"))
+            self._close(conn)
+
+    def _accept(self) -> None:
+        for _ in range(LISTEN_BACKLOG):
+            try:
+                sock, peer = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:       # EMFILE and friends: the process's limit, not ours to fix
+                log.warning("slurm-ft checkpoint: accept failed: %s", printable(str(exc)))
+                return
+            sock.setblocking(False)
+            if len(self.conns) >= MAX_CONNECTIONS:
+                waiting = [c for c in self.conns.values() if not c.out] or list(self.conns.values())
+                self._close(min(waiting, key=lambda c: c.deadline))
+            conn = _Conn(sock, peer, self.clock() + REQUEST_TIMEOUT_S)
+            self.conns[sock.fileno()] = conn
+            self.sel.register(sock, selectors.EVENT_READ, "conn")
+
+    def _readable(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(RECV_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return self._close(conn)
+        if not chunk:                    # the client gave up before a whole request
+            return self._close(conn)
+        conn.data += chunk
+        try:
+            req = parse_request(bytes(conn.data))
+        except _Bad as bad:
+            return self._answer(conn, bad.code, {"error": bad.error})
+        if req is not None:
+            self._serve(conn, req)
+
+    def _writable(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return self._close(conn)
+        conn.out = conn.out[sent:]
+        if not conn.out:
+            self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if self.conns.pop(conn.sock.fileno(), None) is None:
+            return
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    # -- one request -------------------------------------------------------------------------------
+    def _serve(self, conn: _Conn, req: _Request) -> None:
+        code = auth.check_bearer(req.headers.get("Authorization"), self.token)
+        if code is not None:
+            why = "no bearer secret" if code == 401 else "wrong secret"
+            self.refused("slurm-ft checkpoint: refused %s %s from %s:%s (%d, %s)", printable(req.method, 16),
+                         printable(req.path), conn.peer[0], conn.peer[1], code, why)
+            if code == 401:
+                return self._answer(conn, 401, {"error": "authentication required"},
+                                    {"WWW-Authenticate": 'Bearer realm="slurm-ft checkpoint"'})
+            return self._answer(conn, 403, {"error": "forbidden"})
+        path = req.path.split("?")[0]
+        if req.method == "POST" and path == NOTIFY:
+            self.ckpt.request("http")
+            return self._answer(conn, 200, {"accepted": True, **self.ckpt.status()})
+        if req.method == "GET" and path == STATUS:
+            return self._answer(conn, 200, self.ckpt.status())
+        if req.method not in ("GET", "POST"):
+            return self._answer(conn, 501, {"error": "unsupported method"})
+        return self._answer(conn, 404, {"error": "not found"})
+
+    def _answer(self, conn: _Conn, code: int, body: dict, headers: Mapping[str, str] | None = None) -> None:
+        """Queue the answer (HTTP/1.0, JSON, ``Connection: close``) and send it from the loop."""
+        data = json.dumps(body).encode()
+        reason = HTTPStatus(code).phrase
+        lines = [f"HTTP/1.0 {code} {reason}", "Server: slurm-ft", "Content-Type: application/json",
+                 f"Content-Length: {len(data)}", "Cache-Control: no-store", "Connection: close",
+                 *(f"{k}: {v}" for k, v in (headers or {}).items())]
+        conn.out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+        conn.deadline = self.clock() + REQUEST_TIMEOUT_S
+        self.sel.modify(conn.sock, selectors.EVENT_WRITE, "conn")
 
 
 # -- client ----------------------------------------------------------------------------------------

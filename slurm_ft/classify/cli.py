@@ -67,8 +67,8 @@ def _gpus(value: str | None):
 @click.command("classify")
 @click.argument("file", required=False, metavar="[FILE|-]")
 @click.option("--kernel-log", "kernel_path", metavar="FILE",
-              help="Kernel log (dmesg, syslog or /dev/kmsg text): trusted, parsed as records, an Xid "
-                   "counts only where the driver writes it.")
+              help="Kernel log (dmesg, syslog or /dev/kmsg text): trusted, parsed as the epilog does: "
+                   "a record counts for hardware only when it begins with a kernel-owned header.")
 @click.option("--output", "output_path", metavar="FILE",
               help="The job's stdout/stderr: untrusted; alone it never drains or resets (action 'verify').")
 @click.option("--exit-code", type=click.IntRange(-255, 255), help="The job's exit code (0-255; -N = killed by signal N).")
@@ -89,8 +89,9 @@ def classify_command(file: str | None, kernel_path: str | None, output_path: str
     look at a pasted log), or each evidence kind given as what it is: --kernel-log, --output,
     --exit-code, --signal, --slurm-state, --gpus. The second form applies the epilog's trust
     model exactly: job output alone never yields drain_node/reset_gpu (it says 'verify': the
-    epilog would run the trusted GPU checks), and a kernel line whose match sits in a process or
-    file name is not hardware. Prints the verdict (hardware, user, infra, hang, unknown, ok), the
+    epilog would run the trusted GPU checks), and a kernel record counts for hardware only when it
+    begins with the kernel's or driver's own header (after the log tool's timestamps): text a
+    process or file name put into a record never does. Prints the verdict (hardware, user, infra, hang, unknown, ok), the
     deciding rule, the action, the Xids seen and the evidence lines. With --eval, classifies
     labelled cases instead and prints a confusion matrix, the misses, false_failover and
     missed_hardware. Exit status: 0 done, 1 error, 2 usage error.
@@ -117,7 +118,7 @@ def classify_command(file: str | None, kernel_path: str | None, output_path: str
             evidence = Evidence(kernel_lines=_read_input(kernel_path).splitlines() if kernel_path else (),
                                 stderr_tail=_read_input(output_path) if output_path else "",
                                 exit_code=exit_code, signal=signum, slurm_state=state, job_bus_ids=bus_ids,
-                                kernel_records=True)
+                                kernel_records=False)  # a saved log: its log tool's wrappers are stripped
         else:
             evidence = evidence_from_text(_read_input(file))
         verdict = classify(evidence, policy)
@@ -138,4 +139,8 @@ def classify_command(file: str | None, kernel_path: str | None, output_path: str
     if verdict.evidence:
         click.echo("evidence:")
         for line in verdict.evidence:
+            click.echo(f"  {terminal_safe(line)}")
+    if verdict.unplaced:
+        click.echo("unplaced (name no GPU: the epilog would run the trusted node checks):")
+        for line in verdict.unplaced:
             click.echo(f"  {terminal_safe(line)}")

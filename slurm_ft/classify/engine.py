@@ -4,9 +4,13 @@
    signature rows, ``bytes.find`` on the lower-cased text locates candidate lines; only those
    lines run the rows' regexes.  Large inputs (>= 8 MiB) let ``grep -F`` pick the lines holding
    any key first (:mod:`.prefilter`); the same scan then runs on those lines only: same verdict.
-2. Xids: kernel lines holding ``xid`` are parsed (:mod:`.parse`); an Xid counts only when its bus
-   id is one of the job's GPUs (or of the node's, when the job's are unknown; any when neither is
-   known).  Each attributed Xid takes its catalog row, unless an ``xid`` qualifier row matches the
+2. Kernel records: a record is evidence for hardware only when it BEGINS with a kernel-owned
+   header (:func:`.parse.kernel_header`, ``data/kernel_headers.toml``); the rest of a record is
+   text.  Xids are parsed the same way (:func:`.parse.parse_xid`).  An Xid or GPU record counts
+   only when its header's bus id is one of the job's GPUs (``job_bus_ids``; empty for a job
+   without GPUs; the node's when unknown; any when neither map is known); another job's GPU is
+   skipped; no bus id, or one the node's map does not hold, is *unplaced* (``Verdict.unplaced``:
+   no job's evidence, the epilog runs the trusted checks).  Each attributed Xid takes its catalog row, unless an ``xid`` qualifier row matches the
    line (NVLink5 "Nonfatal", "NVLink: fatal error"...) or a count/window rule fires (counting
    also ``Evidence.prior_xids``: this node's earlier Xids on the same GPU within the window).  Xid 45 that
    names its cause ("caused by previous Xid 149") is judged as that Xid.
@@ -21,8 +25,9 @@ from __future__ import annotations
 import time
 
 from .model import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_LINES, Evidence, Verdict, XidEvent
-from .parse import find_bus_id, fmt, mask_user_fields, message_body, parse_time, parse_xid, user_named
+from .parse import find_bus_id, fmt, kernel_header, mask_user_fields, parse_time, parse_xid, record_body
 from . import prefilter as prefilter_mod
+from .consequence import judged_as
 from .policy import Policy, default_policy
 
 #: Bytes of context kept either side of a key hit when a line is longer (huge lines stay cheap).
@@ -51,14 +56,29 @@ class _Cand:
 NODE_ACTIONS = ("drain_node", "reset_gpu")
 
 
-def _kernel_row_counts(row, line: bytes) -> bool:
-    """A kernel signature hit that would act on the node counts only when the line is not
-    user-named (a process or file name the kernel printed, see ``kernel_user_text.toml``) and the
-    row still matches with the NVRM process-name field blanked."""
-    if row.cls != "hardware" and row.action not in NODE_ACTIONS:
-        return True
-    masked = mask_user_fields(line)
-    return user_named(message_body(masked)) is None and row.regex.search(masked) is not None
+def _acts_on_node(row) -> bool:
+    """Whether a row's hit is evidence for hardware (class hardware, or an action on the node)."""
+    return row.cls == "hardware" or row.action in NODE_ACTIONS
+
+
+#: Bytes of a record read from its start to find its header (records are at most ~1 KiB).
+RECORD_HEAD = 1024
+
+
+def _record_head(text: bytes, ls: int) -> bytes:
+    """The first :data:`RECORD_HEAD` bytes of the line starting at ``ls`` (never past its end)."""
+    le = text.find(b"\n", ls, ls + RECORD_HEAD)
+    return text[ls:le if le != -1 else ls + RECORD_HEAD]
+
+
+def _header_starts(line: bytes) -> list[int]:
+    """Offsets in ``line`` where an NVRM Xid header could begin (job output only: there the
+    driver's words may sit anywhere in a line, and they are untrusted anyway)."""
+    out, at = [], line.find(b"NVRM: Xid")
+    while at != -1 and len(out) < 8:
+        out.append(at)
+        at = line.find(b"NVRM: Xid", at + 1)
+    return out
 
 
 def _text(value: object) -> bytes:
@@ -110,15 +130,17 @@ def scan(text: bytes, low: bytes, index: dict[bytes, tuple], base: int = 0) -> l
     return out
 
 
-def _xid_lines(text: bytes, low: bytes) -> list[tuple[int, bytes]]:
-    """Kernel lines holding an Xid/SXid header, ``[(position, line)]``; wrapped headers re-joined.
+def _xid_lines(text: bytes, low: bytes, join: bool = True) -> list[tuple[int, bytes]]:
+    """Kernel lines holding ``xid``, ``[(line start, line from its start)]``; with ``join`` (saved
+    logs: a wrapped header) a line ending in a cut Xid header is re-joined with the next one.
     ``low`` is ``text.lower()``."""
     out: list[tuple[int, bytes]] = []
     pos = low.find(b"xid")
     cut = fmt("xid_cut")
     while pos != -1:
-        ls, le, line = _line_at(text, pos)
-        if cut.search(line) and le < len(text):
+        ls, le, _ = _line_at(text, pos)
+        line = text[ls:min(le, ls + 2 * HALF_WINDOW)]
+        if join and cut.search(line) and le < len(text):
             _, le2, nxt = _line_at(text, le + 1)
             line = line.rstrip() + b" " + nxt.lstrip()
             le = le2
@@ -127,7 +149,7 @@ def _xid_lines(text: bytes, low: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def _xid_lines_at(text: bytes, starts: list[int]) -> list[tuple[int, bytes]]:
+def _xid_lines_at(text: bytes, starts: list[int], join: bool = True) -> list[tuple[int, bytes]]:
     """:func:`_xid_lines` restricted to the lines starting at ``starts`` (ascending; a superset of
     the lines holding ``xid``): same lines, same positions, same re-joined headers."""
     out: list[tuple[int, bytes]] = []
@@ -143,8 +165,9 @@ def _xid_lines_at(text: bytes, starts: list[int]) -> list[tuple[int, bytes]]:
         i = text[ls:le].lower().find(b"xid")
         if i == -1:
             continue
-        ls, le, line = _line_at(text, ls + i)
-        if cut.search(line) and le < n:
+        ls, le, _ = _line_at(text, ls + i)
+        line = text[ls:min(le, ls + 2 * HALF_WINDOW)]
+        if join and cut.search(line) and le < n:
             _, le2, nxt = _line_at(text, le + 1)
             line = line.rstrip() + b" " + nxt.lstrip()
             le = le2
@@ -278,45 +301,59 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
     output = _text(evidence.stderr_tail or "")
     out_base = len(kernel) + 1
     cands: list[_Cand] = []
+    strict = bool(evidence.kernel_records)  # /dev/kmsg record bodies: never stripped of "wrappers"
+    unplaced: list[tuple[int, bytes]] = []  # hardware records that name no GPU of this job or node
 
     starts = None
     if prefilter == "grep" or (prefilter == "auto" and len(kernel) + len(output) >= prefilter_mod.GREP_MIN_BYTES):
         starts = prefilter_mod.grep_line_starts((kernel, b"\n", output), _grep_keys(policy))
     if starts is None:
         kernel_low = kernel.lower()
-        xid_lines = _xid_lines(kernel, kernel_low) if kernel else []
+        xid_lines = _xid_lines(kernel, kernel_low, join=not strict) if kernel else []
         sig_hits = [scan(kernel, kernel_low, policy.index.get("kernel", {})),
                     scan(output, output.lower(), policy.index.get("output", {}), out_base)]
     else:
         k_starts, o_starts = _split_starts(starts, len(kernel), out_base)
-        xid_lines = _xid_lines_at(kernel, k_starts)
+        xid_lines = _xid_lines_at(kernel, k_starts, join=not strict)
         sig_hits = [scan_lines(kernel, k_starts, policy.index.get("kernel", {})),
                     scan_lines(output, o_starts, policy.index.get("output", {}), out_base)]
 
     job_ids = evidence.job_bus_ids
     node_ids = evidence.node_bus_ids
 
-    def attributed(bus: str | None) -> bool:
-        if bus is None:
-            return True
-        if job_ids is not None:
-            return bus in job_ids
-        if node_ids is not None:
-            return bus in node_ids
-        return True
+    def placed(bus: str | None) -> str:
+        """Where a kernel record's bus id puts it: ``job`` (one of the job's GPUs; any bus id when
+        neither map is known: an offline ``slurm-ft classify``), ``other`` (another job's GPU) or
+        ``unplaced`` (no bus id, or one the node's GPU map does not hold): attributed to no job."""
+        if bus is None or (node_ids is not None and bus not in node_ids):
+            return "unplaced"
+        if job_ids is not None and bus not in job_ids:
+            return "other"
+        return "job"
+
+    def output_attributed(bus: str | None) -> bool:
+        """A bus id in the job's own output (untrusted, it can only ask for the trusted checks):
+        another job's GPU is not this job's; a line naming none may be."""
+        return bus is None or placed(bus) != "other"
 
     # -- Xids ----------------------------------------------------------------------------------
     xid_quals = policy.qualifiers("xid")
     sxid_quals = policy.qualifiers("sxid")
     events: list[XidEvent] = []
     judged: list[tuple[XidEvent, int, bytes, object]] = []  # (event, pos, line, hit)
-    strict = bool(evidence.kernel_records)
     for pos, line in xid_lines:
-        hit = parse_xid(line, at_start=strict)
+        hit = parse_xid(record_body(line, strict))  # the driver's header at the record's start only
         if hit is None:
             continue
-        if hit.kind == "xid" and not attributed(hit.bus_id):
-            continue
+        if hit.kind == "xid":
+            where = placed(hit.bus_id)
+            if where == "other":
+                continue
+            if where == "unplaced":  # decides nothing; a hardware one asks for the trusted checks
+                row = policy.xid_row(hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid)
+                if _acts_on_node(row):
+                    unplaced.append((pos, line))
+                continue
         gpu_index = node_ids.get(hit.bus_id) if (node_ids and hit.bus_id and hit.kind == "xid") else None
         ev = XidEvent(xid=hit.xid, bus_id=hit.bus_id, gpu_index=gpu_index,
                       line=line.decode("utf-8", "replace").strip()[:MAX_XID_LINE], kind=hit.kind)
@@ -350,6 +387,7 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
                 for i in members:
                     fired.setdefault(i, rule)
 
+    as_cause = judged_as([(ev.kind, ev.xid, ev.bus_id) for ev, _p, _l, _h in judged], policy.consequences)
     for i, (ev, pos, line, hit) in enumerate(judged):
         line = mask_user_fields(line)  # qualifiers read the driver's words, never a process name
         if ev.kind == "sxid":
@@ -363,6 +401,7 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
             cands.append(_Cand(rule.priority, pos, rule.cls, rule.action, rule.id, line))
             continue
         xid = hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
+        xid = as_cause[i][0] if i in as_cause else xid  # a consequence is judged as its cause
         for q in xid_quals:
             if (q.xids is None or xid in q.xids) and q.regex.search(line):
                 cands.append(_Cand(q.priority, pos, q.cls, q.action, q.id, line))
@@ -371,14 +410,46 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
             row = policy.xid_row(xid)
             cands.append(_Cand(row.rank, pos, row.cls, row.action, row.id, line))
 
+    # -- Xids the job's output names (a health agent's log it tails, a pasted dmesg) ----------------
+    # Untrusted text: a hardware Xid there can only ask for the trusted checks (action "verify").
+    for pos, line in _xid_lines(output, output.lower(), join=True) if b"xid" in output.lower() else ():
+        for at in _header_starts(line):
+            hit = parse_xid(line[at:])
+            if hit is None or hit.kind != "xid" or hit.bus_id is None or not output_attributed(hit.bus_id):
+                continue
+            xid = hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
+            text = mask_user_fields(line)
+            q = next((q for q in xid_quals if (q.xids is None or xid in q.xids) and q.regex.search(text)), None)
+            cls, action, rank, rid = ((q.cls, q.action, q.priority, q.id) if q is not None else
+                                      (lambda r: (r.cls, r.action, r.rank, r.id))(policy.xid_row(xid)))
+            if cls == "hardware":
+                cands.append(_Cand(rank, out_base + pos, cls, action, rid, line, False))
+            break
+
     # -- signature rows over kernel text and job output -----------------------------------------
+    # A kernel row that acts on the node counts only when its record BEGINS with a kernel-owned
+    # header (parse.kernel_header); a GPU row is placed by that header's bus id, never by text
+    # elsewhere in the record.  Everything else in a record is text (a process or file name).
     for trusted, hits in zip((True, False), sig_hits):  # kernel records, then the job's output
         for row, pos, line in hits:
-            if row.scope == "gpu":
-                bus = find_bus_id(line)
-                if not attributed(bus):
+            if trusted and _acts_on_node(row):
+                if row.regex.search(mask_user_fields(line)) is None:
+                    continue  # it matched only inside the NVRM name= field (a process name)
+                body = record_body(_record_head(kernel, pos), strict)
+                hdr = kernel_header(body)
+                if hdr is None:
+                    if row.cls == "hardware" and body.startswith(b"NVRM: "):
+                        unplaced.append((pos, line))  # the driver's words, but no GPU named
                     continue
-            if trusted and not _kernel_row_counts(row, line):
+                if row.scope == "gpu":
+                    where = placed(hdr.bus_id if hdr.kind in ("xid", "gpu") else None)
+                    if where == "other":
+                        continue
+                    if where == "unplaced":
+                        if row.cls == "hardware":
+                            unplaced.append((pos, line))
+                        continue
+            elif row.scope == "gpu" and not output_attributed(find_bus_id(line)):
                 continue
             cands.append(_Cand(row.priority, pos, row.cls, row.action, row.id, line, trusted))
 
@@ -407,15 +478,19 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
     # Highest priority wins, ties to the earliest line; but trusted hardware evidence beats
     # untrusted (job output) hardware evidence whatever their priorities.  Untrusted hardware
     # evidence alone never drains or resets: its action becomes "verify" (the epilog then runs
-    # the trusted GPU checks, see slurm_ft/epilog.py and docs/security.md).
+    # the trusted GPU checks, see slurm_ft/epilog.py and docs/security.md).  Likewise trusted
+    # evidence that proves the fault (a node action) beats trusted evidence that is no proof by
+    # itself (an Xid the catalog says "depends": action "verify").
     win = max(cands, key=lambda c: (c.priority, -c.pos)) if cands else None
-    if win is not None and win.cls == "hardware" and not win.trusted:
+    if win is not None and win.cls == "hardware" and not (win.trusted and win.action in NODE_ACTIONS):
         trusted_hw = [c for c in cands if c.cls == "hardware" and c.trusted]
+        trusted_hw = [c for c in trusted_hw if c.action in NODE_ACTIONS] or trusted_hw
         if trusted_hw:
             win = max(trusted_hw, key=lambda c: (c.priority, -c.pos))
     clean = code == 0 and not sig and str(evidence.slurm_state or "").strip().upper() in _OK_STATES
     if clean:
-        action = win.action if (win is not None and win.cls == "hardware" and win.trusted) else "none"
+        action = win.action if (win is not None and win.cls == "hardware" and win.trusted
+                                and win.action in NODE_ACTIONS) else "none"  # "verify": no proof, the job lived
         verdict, rule = "ok", "clean-exit"
     elif win is not None:
         verdict, rule = win.cls, win.rule
@@ -433,4 +508,13 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
             lines.append(s)
             if len(lines) >= MAX_EVIDENCE_LINES:
                 break
-    return Verdict(verdict=verdict, rule=rule, xids=_bounded_xids(events), evidence=tuple(lines), action=action)
+    shown: list[str] = []
+    for _pos, line in sorted(unplaced):
+        s = _decode(line)
+        if s and s not in shown:
+            shown.append(s)
+            if len(shown) >= MAX_EVIDENCE_LINES:
+                break
+    return Verdict(verdict=verdict, rule=rule, xids=_bounded_xids(events), evidence=tuple(lines), action=action,
+                   unplaced=tuple(shown),
+                   cause=win.rule if clean and action != "none" else "")

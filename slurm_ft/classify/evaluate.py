@@ -7,7 +7,14 @@ lines are both kernel lines and job output). No exit status and no bus-id contex
 list ``accept`` (classes that count as right, for disputed cases); a hardware verdict on a case
 whose ``accept`` lacks ``hardware`` is a false failover. A verdict with action ``verify`` (only the
 job's output suggested hardware) is scored as the epilog's trusted GPU checks would settle it when
-right: hardware where hardware is accepted, else unknown (counted as ``verify``).
+right: hardware where hardware is accepted, else unknown (counted as ``verify``).  Likewise a
+verdict with *unplaced* hardware records (kernel records that name no GPU: the epilog runs the
+trusted node checks for them) is scored hardware where hardware is accepted, else as it stands
+(counted as ``unplaced``).
+
+The cases are saved logs: each kernel line loses only its log tool's wrappers
+(:func:`slurm_ft.classify.parse.message_body`), then goes through exactly the epilog's parser: a
+record is evidence for hardware only when it begins with a kernel-owned header.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
     """Classify every case and score it.
 
     Returns ``{total, correct, accuracy, false_failover, missed_hardware, hardware_total,
-    hardware_recall, per_class: {class: {precision, recall, support}}, confusion: {expected: {got:
+    hardware_recall, verify, unplaced, per_class: {class: {precision, recall, support}}, confusion: {expected: {got:
     n}}, misses: [{id, expected, got, rule, action}]}``.
     ``false_failover``: a hardware verdict where hardware is not an accepted class (a healthy node
     drained). ``missed_hardware``: expected hardware, got something else. ``precision``/``recall``
@@ -66,7 +73,7 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
     """
     confusion: dict[str, dict[str, int]] = {}
     misses = []
-    correct = false_failover = missed_hw = hw_total = verified = 0
+    correct = false_failover = missed_hw = hw_total = verified = unplaced = 0
     right_by_label: dict[str, int] = {}
     right_by_verdict: dict[str, int] = {}
     for case in cases:
@@ -78,6 +85,12 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
             # faulty GPU fails them, a healthy one does not): scored as if they are right
             verified += 1
             got = "hardware" if "hardware" in accept else "unknown"
+        elif v.unplaced and not (got == "hardware" and v.action in ("drain_node", "reset_gpu")):
+            # hardware records naming no GPU: the epilog's trusted node checks decide; a failing
+            # one drains (verified:unplaced), none leaves the verdict as it is
+            unplaced += 1
+            if "hardware" in accept:
+                got = "hardware"
         confusion.setdefault(exp, {}).setdefault(got, 0)
         confusion[exp][got] += 1
         if exp == "hardware":
@@ -109,6 +122,7 @@ def evaluate(cases: list[dict[str, Any]], policy: Policy | None = None) -> dict[
         "hardware_total": hw_total,
         "hardware_recall": round((hw_total - missed_hw) / hw_total, 4) if hw_total else None,
         "verify": verified,
+        "unplaced": unplaced,
         "per_class": per_class,
         "confusion": confusion,
         "misses": misses,
@@ -136,7 +150,7 @@ def format_report(result: dict[str, Any]) -> str:
         out.append("")
     recall = result["hardware_recall"]
     out.append(f"total={result['total']} correct={result['correct']} accuracy={result['accuracy']:.4f}"
-               f" verify={result.get('verify', 0)}")
+               f" verify={result.get('verify', 0)} unplaced={result.get('unplaced', 0)}")
     out.append(f"false_failover={result['false_failover']} missed_hardware={result['missed_hardware']}"
                f" hardware_recall={'n/a' if recall is None else f'{recall:.4f}'}")
     return "\n".join(out)

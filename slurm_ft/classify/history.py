@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import EvidenceError
 from .model import PriorXid
-from .parse import normalise_bus_id, parse_xid
+from .parse import message_body, normalise_bus_id, parse_xid, record_body
 from .policy import Policy
 
 #: Most journal verdict rows read back / looked at by the epilog (the query stays bounded).
@@ -37,9 +37,11 @@ def _counted(policy: Policy) -> set[int]:
     return counted
 
 
-def needs_history(kernel_lines: Iterable[str], policy: Policy) -> bool:
+def needs_history(kernel_lines: Iterable[str], policy: Policy, *, kernel_records: bool = True) -> bool:
     """Whether the kernel lines hold a GPU Xid (with a bus id) that some count rule counts: only
     then can earlier Xids change the verdict, so only then does the epilog read its journal.
+    ``kernel_records``: the lines are ``/dev/kmsg`` record bodies (else saved log lines), parsed
+    as the classifier does (:func:`slurm_ft.classify.parse.parse_xid`: the header at the start).
     (Cheap: one lower-cased copy of the text, the Xid parser on the few lines naming an Xid.)"""
     counted = _counted(policy)
     if not counted:
@@ -49,7 +51,7 @@ def needs_history(kernel_lines: Iterable[str], policy: Policy) -> bool:
         return False
     for line in lines:
         if "xid" in line.lower():
-            hit = parse_xid(line.encode("utf-8", "replace"))
+            hit = parse_xid(record_body(line.encode("utf-8", "replace"), kernel_records))
             if hit is not None and hit.kind == "xid" and hit.bus_id and hit.xid in counted:
                 return True
     return False
@@ -76,7 +78,7 @@ def prior_xids(rows: Iterable[dict[str, Any]], *, exclude: tuple[int, int] | Non
                 bus = normalise_bus_id(str(x["bus_id"]))
             except (KeyError, TypeError, ValueError, EvidenceError):
                 continue
-            hit = parse_xid(str(x.get("line") or "").encode("utf-8", "replace"))
+            hit = parse_xid(message_body(str(x.get("line") or "").encode("utf-8", "replace")))  # its pid
             out.append(PriorXid(when, xid, bus, hit.pid if hit is not None else None))
             if len(out) >= limit:
                 return tuple(out)

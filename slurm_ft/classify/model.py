@@ -80,18 +80,22 @@ class Evidence:
       ``output`` signature rows look at it, never the Xid parser).
     exit_code: 0-255 or None.  signal: terminating signal number or None.
     slurm_state: Slurm's job state/reason, e.g. ``NODE_FAIL``, ``OUT_OF_MEMORY``, ``TIMEOUT``.
-    job_bus_ids: normalised bus ids of the job's GPUs on this node (None: unknown, fall back to
-      node_bus_ids).  node_bus_ids: normalised bus id -> GPU index for every GPU of the node
-      (None: unknown, accept any bus id).
+    job_bus_ids: normalised bus ids of the job's GPUs on this node; an empty set for a job with
+      no GPUs (it owns none: no GPU record is ever its evidence); None: unknown (an offline
+      ``slurm-ft classify``), fall back to node_bus_ids.  node_bus_ids: normalised bus id -> GPU
+      index for every GPU of the node (None: unknown).  A kernel record naming no bus id, or one
+      the node's map does not hold, is *unplaced*: attributed to no job (:attr:`Verdict.unplaced`).
     prior_xids: this node's earlier Xid events, for count/window rules across jobs:
       :class:`PriorXid` ``(time, xid, bus_id, pid)`` tuples (plain ``(time, xid, bus_id)`` tuples
       too), ``time`` in epoch seconds.  The epilog fills them from the node journal
       (:func:`slurm_ft.classify.history.prior_xids`).  Events without a bus id are not counted.
     now: epoch seconds of this evidence (the job's end); prior events count when
       ``time >= now - window_s``.  None: ``time.time()`` when prior_xids are given.
-    kernel_records: kernel_lines are kernel-log record bodies (``/dev/kmsg``, or a saved log
-      given as ``--kernel-log``): an Xid header counts only at the start of the message, where
-      the driver writes it.  False (mixed text of unknown origin): wrappers in front are allowed.
+    kernel_records: kernel_lines are ``/dev/kmsg`` record bodies, read as they are.  False: lines
+      of a saved log (dmesg, syslog): each first loses its log tool's own wrappers (timestamps,
+      host, ``kernel:``; :func:`slurm_ft.classify.parse.message_body`).  Either way a record is
+      evidence for hardware only when it BEGINS with a kernel-owned header
+      (:func:`slurm_ft.classify.parse.kernel_header`); anything else in it is text.
     """
 
     kernel_lines: list[str] | tuple[str, ...] = ()
@@ -115,6 +119,11 @@ class Verdict:
     to this job after bus-id filtering, in log order.  evidence: the deciding lines first, at most
     :data:`MAX_EVIDENCE_LINES` lines of at most :data:`MAX_EVIDENCE_CHARS` characters.
     action: one of :data:`ACTIONS`.
+    unplaced: kernel records that suggest hardware but name no GPU of this job or node (an Xid
+      without a bus id, a bus id the node's GPU map does not hold, a driver message with an RM
+      GPU number): attributed to no job, they decide nothing; the epilog runs the trusted node
+      checks for them (:func:`slurm_ft.epilog.verify_untrusted`).  At most
+      :data:`MAX_EVIDENCE_LINES` lines.
     """
 
     verdict: str
@@ -122,13 +131,19 @@ class Verdict:
     xids: tuple[XidEvent, ...]
     evidence: tuple[str, ...]
     action: str
+    #: The winning trusted hardware rule when ``rule`` does not name it (a job that exited 0 on
+    #: a node with a trusted fault: rule ``clean-exit``, action ``drain_node``); "" otherwise.
+    cause: str = ""
+    unplaced: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``{verdict, rule, action, xids: [{xid, bus_id, gpu_index, kind, line}], evidence}``."""
+        """JSON-able form: ``{verdict, rule, action, xids: [{xid, bus_id, gpu_index, kind, line}], evidence,
+        unplaced}``."""
         return {
             "verdict": self.verdict,
             "rule": self.rule,
             "action": self.action,
             "xids": [x.to_dict() for x in self.xids],
             "evidence": list(self.evidence),
+            "unplaced": list(self.unplaced),
         }

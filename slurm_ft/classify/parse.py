@@ -1,15 +1,23 @@
-"""Line grammar: PCI bus ids, NVRM Xid/SXid lines, kernel-log timestamps.
+"""Line grammar: kernel-record headers, PCI bus ids, Xid/SXid numbers, kernel-log timestamps.
 
 This module knows *formats*, not faults: what a line means is decided by the data tables
-(``slurm_ft/data/xid_catalog.csv``, ``signatures.toml``).  All format regexes live in
-:data:`_FORMATS`, compiled once on first use.
+(``slurm_ft/data/xid_catalog.csv``, ``signatures.toml``).  Format regexes live in :data:`_FORMATS`,
+compiled once on first use; the kernel-owned record headers live in ``kernel_headers.toml``.
 
-Formats handled (NVIDIA driver ``nv_report_error``/``nvErrorLog`` output over the years):
-  ``NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, ...``   (r450+)
-  ``NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, ...``                 (MIG)
-  ``NVRM: Xid (0000:03:00): 13, 0003 00000000 ...``  ``NVRM: Xid (3): 79, ...``  (old, no PCI:)
-  ``NVRM: Xid: 79, GPU has fallen off the bus.``                              (no bus id)
-  ``nvidia-nvswitch1: SXid (PCI:0000:86:00.0): 24007, Fatal, ...``            (NVSwitch)
+One rule for every reader of the kernel log (epilog, health check, hang watcher, in-place
+restarts, ``slurm-ft classify``): a kernel record is the driver's or the kernel's own evidence
+only when it BEGINS with a kernel-owned header (:func:`kernel_header`); an Xid counts only as
+that header (:func:`parse_xid`).  Anything else in a record is text a process or file name may
+have put there.  A ``/dev/kmsg`` record body is read as it is; a saved log line first loses only
+its log tool's own wrappers (:func:`message_body`: syslog/dmesg stamps, host, ``kernel:``).
+
+Xid shapes (``nvErrorLog_va`` over the years):
+  ``NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, ...``   (r450+: a header)
+  ``NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, ...``                 (MIG: a header)
+  ``NVRM: Xid (0000:03:00): 13, 0003 00000000 ...``                           (old: a header)
+  ``nvidia-nvswitch1: SXid (PCI:0000:86:00.0): 24007, Fatal, ...``            (NVSwitch: a header)
+  ``NVRM: Xid (3): 79, ...``  ``NVRM: Xid: 79, GPU has fallen off the bus.``  (no bus id: *unplaced*,
+  too short to be a header, so they never blame; see :func:`parse_xid`)
 Timestamps: ``[  219.470994]`` (printk, seconds since boot), ``[Fri Aug 30 11:43:09 2024]``
 (``dmesg -T``), ``Dec  2 11:38:47`` (syslog, month names in several languages), ISO 8601.
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import NamedTuple
 
 from ..errors import EvidenceError
 
@@ -26,19 +35,17 @@ _FORMATS = {
     "bus_full": rb"\b([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?\b",
     # bus id inside an Xid's parentheses: domain optional
     "bus_paren": rb"(?:PCI:)?(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?",
-    # Xid / SXid header exactly as the drivers print it (nv_report_error / nvswitch):
-    # "NVRM: Xid (PCI:0000:3b:00): 79," / "NVRM: Xid (3): 79," / "NVRM: Xid: 79," /
-    # "nvidia-nvswitch1: SXid (PCI:0000:86:00.0): 24007,".  The location is a bus id or a GPU
-    # number, nothing else; the number ends the header (a comma, or the end of the line).
-    "xid": rb"(?:\bNVRM: (Xid)|\bnvidia-nvswitch\d{0,4}: (SXid))"
-           rb"(?: ?\(((?:PCI:)?(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?(?: GPU-I:\d{1,3})?|\d{1,3})\))?"
-           rb" ?: ?(\d{1,6})(?=,|[ \t\r]*$)",
+    # an Xid without a bus id at the start of a record (old drivers): "NVRM: Xid: 79," /
+    # "NVRM: Xid (3): 79," (a GPU number).  Not a header (a 15-byte process name can complete it):
+    # such an Xid is *unplaced*, attributed to no job (see parse_xid)
+    "xid_unplaced": rb"NVRM: Xid(?: \(\d{1,3}\))?: ?(\d{1,6})(?=,|[ \t\r]*$)",
     # wrappers in front of a kernel message in saved logs: syslog / ISO / dmesg -T stamps with a
     # host name, "kernel:", "kern: warning:", a printk "[  219.470994]" stamp, "<3>" levels
     "wrapper": rb"^(?:[ \t]+|<\d{1,3}>|\[ *\d{1,10}\.\d{1,9}\]:? ?|\[\w{2,4}\.? \S{3,6}\.? +\d{1,2} \d\d:\d\d:\d\d \d{4}\]:? ?"
                rb"|\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]:? ?|\S{3,6}\.? +\d{1,2} \d\d:\d\d:\d\d (?:[\w.-]+ )?"
                rb"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[\d.,]*(?:Z|[+-]\d\d:?\d\d)? (?:[\w.-]+ )?"
-               rb"|kernel: |kern: ?\w{0,8}: |[\w.-]{1,64}: kern: ?\w{0,8}: )",
+               rb"|kernel: ?|kern: ?\w{0,8}: |[\w.-]{1,64}: kern: ?\w{0,8}: |kern *:\w{1,8} *: "
+               rb"|\[ *\+\d{1,10}\.\d{1,9}\] ?|\[\w{3}\d{1,2} \d\d:\d\d\] ?|\(XEN\) |(?:> ?)+)",
     # the process-name field of an NVRM Xid line ("name=<comm>, "): comm is at most 15 bytes
     "name_field": rb"\bname=[^\n]{0,15}, ",
     # an Xid header cut off at the end of a line (wrapped log)
@@ -111,49 +118,94 @@ def find_bus_id(line: bytes) -> str | None:
     return _bus_from_groups(m.group(1), m.group(2), m.group(3))
 
 
+class KernelHeader(NamedTuple):
+    """The kernel-owned header a record begins with (a row of ``kernel_headers.toml``): ``id``,
+    ``kind`` (``xid``/``sxid``/``gpu``/``node``), ``bus_id`` (normalised, or None for a node
+    message), ``xid`` (the Xid/SXid number, or None), ``end`` (bytes of the record it covers)."""
+
+    id: str
+    kind: str
+    bus_id: str | None
+    xid: int | None
+    end: int
+
+
+def kernel_header(body: bytes) -> KernelHeader | None:
+    """The kernel-owned header ``body`` begins with, or None.
+
+    ``body`` is one record body: a ``/dev/kmsg`` record as read, or a saved log line after
+    :func:`message_body`.  Only the start counts: every header is at least 16 bytes of the
+    driver's own shape, so no process name (at most 15 bytes) the kernel prints before its own
+    text can complete one (``tests/test_kernel_records.py`` checks every row).  Rows:
+    ``slurm_ft/data/kernel_headers.toml``."""
+    from .table import kernel_headers
+
+    if len(body) < 16:
+        return None
+    for row in kernel_headers():
+        m = row.regex.match(body)
+        if m is None:
+            continue
+        bus = xid = None
+        groups = m.groupdict()
+        if groups.get("bus"):
+            b = fmt("bus_paren").fullmatch(groups["bus"])
+            if b is None:
+                continue
+            bus = _bus_from_groups(b.group(1), b.group(2), b.group(3))
+        if groups.get("xid"):
+            xid = int(groups["xid"])
+        return KernelHeader(row.id, row.kind, bus, xid, m.end())
+    return None
+
+
 class XidHit:
-    """One parsed Xid/SXid header: ``kind`` (``xid``/``sxid``), ``xid``, ``bus_id``, ``pid``,
-    ``caused_by`` (the Xid a 45 names, else None)."""
+    """One parsed Xid/SXid: ``kind`` (``xid``/``sxid``), ``xid``, ``bus_id`` (None: the record
+    names no bus id, the Xid is unplaced), ``pid``, ``caused_by`` (the Xid a 45 names, else None),
+    ``header`` (the :class:`KernelHeader` id, or None for an unplaced Xid)."""
 
-    __slots__ = ("kind", "xid", "bus_id", "pid", "caused_by")
+    __slots__ = ("kind", "xid", "bus_id", "pid", "caused_by", "header")
 
-    def __init__(self, kind: str, xid: int, bus_id: str | None, pid: int | None, caused_by: int | None):
+    def __init__(self, kind: str, xid: int, bus_id: str | None, pid: int | None, caused_by: int | None,
+                 header: str | None = None):
         self.kind, self.xid, self.bus_id, self.pid, self.caused_by = kind, xid, bus_id, pid, caused_by
+        self.header = header
 
 
-def parse_xid(line: bytes, *, at_start: bool = False) -> XidHit | None:
-    """Parse the Xid/SXid header of ``line`` (see the ``xid`` format: only the driver's exact
-    header counts, so an Xid-looking word elsewhere is not one), or None.
+def parse_xid(body: bytes) -> XidHit | None:
+    """The Xid/SXid ``body`` begins with, or None.
 
-    ``at_start``: the header must begin the message (kernel-log records, where nothing precedes
-    the driver's text); otherwise wrappers in front of it (syslog, a health agent's prefix, JSON)
-    are allowed.  A user-named line (:func:`user_named`: a process or file name the kernel
-    printed) never yields an Xid, whatever it contains.
-    """
-    body = message_body(line)
-    if user_named(mask_user_fields(body)) is not None:
-        return None
-    m = fmt("xid").match(body) if at_start else fmt("xid").search(body)
-    if m is None:
-        return None
-    kind = "sxid" if m.group(2) else "xid"
-    number = int(m.group(4))
-    bus_id = None
-    where = m.group(3)
-    if where:
-        b = fmt("bus_paren").fullmatch(where.split(b" ")[0])
-        if b is not None:
-            bus_id = _bus_from_groups(b.group(1), b.group(2), b.group(3))
-    rest = body[m.end():]
+    ``body`` is one record body (a ``/dev/kmsg`` record as read, or a saved log line after
+    :func:`message_body`: use :func:`record_body`).  An Xid counts only as the kernel-owned
+    header at the START of the record (:func:`kernel_header`, kinds ``xid``/``sxid``): an
+    Xid-looking text anywhere else (a process or file name the kernel printed) is not one.
+    The two old shapes without a bus id (``NVRM: Xid: 79,``, ``NVRM: Xid (3): 79,``) give a hit
+    with ``bus_id`` None: *unplaced*, attributed to no job (they are short enough for a process
+    name to forge, so they never decide anything: docs/security.md)."""
+    hdr = kernel_header(body)
+    if hdr is not None and hdr.kind in ("xid", "sxid"):
+        kind, number, bus_id, end = hdr.kind, hdr.xid, hdr.bus_id, hdr.end
+    else:
+        if hdr is not None:
+            return None
+        m = fmt("xid_unplaced").match(body)
+        if m is None:
+            return None
+        kind, number, bus_id, end = "xid", int(m.group(1)), None, m.end()
+    rest = body[end:]
     p = fmt("pid").search(rest)
     c = fmt("caused_by").search(rest)
-    return XidHit(kind, number, bus_id, int(p.group(1)) if p else None, int(c.group(1)) if c else None)
+    return XidHit(kind, number, bus_id, int(p.group(1)) if p else None, int(c.group(1)) if c else None,
+                  hdr.id if hdr is not None else None)
 
 
 def message_body(line: bytes) -> bytes:
     """``line`` without the wrappers saved logs put in front of a kernel message (syslog, ISO and
-    ``dmesg -T`` stamps with a host name, ``kernel:``, printk ``[  219.470994]`` stamps, ``<3>``
-    levels).  A ``/dev/kmsg`` record body has none and comes back unchanged."""
+    ``dmesg -T`` stamps with a host name, ``kernel:``, printk ``[  219.470994]`` stamps, ``dmesg
+    -x`` ``kern  :warn  :`` and ``dmesg -d``/``-H`` ``[  +0.000005]`` stamps, ``<3>`` levels, ``xl
+    dmesg``'s ``(XEN)``, the ``> `` of a quoted log).
+    For saved logs only: a ``/dev/kmsg`` record body has no wrapper and is never stripped (a
+    process name must not be able to pass for one)."""
     wrapper = fmt("wrapper")
     for _ in range(8):
         m = wrapper.match(line)
@@ -163,16 +215,10 @@ def message_body(line: bytes) -> bytes:
     return line
 
 
-def user_named(body: bytes) -> str | None:
-    """The id of the kernel-message template (``slurm_ft/data/kernel_user_text.toml``) whose
-    user-chosen field (process name, file name) ``body`` carries, or None.  ``body`` is a message
-    body (:func:`message_body`).  Such a line is never hardware evidence: see docs/security.md."""
-    from .table import user_text_templates
-
-    for tid, regex in user_text_templates():
-        if regex.search(body):
-            return tid
-    return None
+def record_body(line: bytes, kernel_records: bool) -> bytes:
+    """The record body of one kernel-log line: ``line`` itself for a ``/dev/kmsg`` record
+    (``kernel_records``), else the saved log line without its log tool's wrappers."""
+    return line if kernel_records else message_body(line)
 
 
 def mask_user_fields(line: bytes) -> bytes:

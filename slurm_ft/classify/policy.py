@@ -23,6 +23,9 @@
     [[classify.add]]                        # an extra signature row (fields as in signatures.toml)
     id = "site-lustre-evict"
     ...
+
+``disable`` also switches off a consequence rule by its id (``[[consequence]]`` in
+``slurm_ft/data/classify_policy.toml``, see :mod:`.consequence`).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
+from .consequence import ConsequenceRule
 from .model import ACTIONS, CLASSES, DEFAULT_ACTION
-from .table import CountRule, Signature, XidRow, count_rules, signature_from_dict, signatures, xid_catalog
+from .table import _data_text, CountRule, Signature, XidRow, count_rules, signature_from_dict, signatures, xid_catalog
 
 #: Rank given to an overridden Xid when the admin names none, and to codes missing from the catalog.
 DEFAULT_RANK = {"hardware": 900, "user": 500, "infra": 400, "hang": 350, "unknown": 600}
@@ -49,12 +53,14 @@ class Policy:
     """Everything :func:`slurm_ft.classify.classify` decides with.
 
     xids: catalog rows by code.  signatures: active signature rows.  counts: count/window rules.
+    consequences: consequence rules (:mod:`.consequence`).
     ``index`` (derived): source -> key -> rows holding that key, for the prefilter scan.
     """
 
     xids: dict[int, XidRow]
     signatures: tuple[Signature, ...]
     counts: tuple[CountRule, ...]
+    consequences: tuple[ConsequenceRule, ...] = ()
     index: dict[str, dict[bytes, tuple[Signature, ...]]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -80,9 +86,48 @@ class Policy:
 
 
 @lru_cache(maxsize=1)
+def consequence_rules() -> tuple[ConsequenceRule, ...]:
+    """The shipped ``[[consequence]]`` rules of ``classify_policy.toml``.
+
+    Each needs ``id`` (str), ``xids`` and ``after`` (non-empty lists of Xid codes, disjoint) and
+    ``ref`` (non-empty str); nothing else.  Raises :class:`ConfigError` naming the rule and key.
+    """
+    import tomllib
+
+    out: list[ConsequenceRule] = []
+    for n, rec in enumerate(tomllib.loads(_data_text("classify_policy.toml")).get("consequence", [])):
+        where = f"classify_policy.toml consequence[{n}]"
+        if not isinstance(rec, dict):
+            raise ConfigError(f"{where}: must be a table")
+        _check_table(where, rec, {"id", "xids", "after", "ref"})
+        for key in ("id", "xids", "after", "ref"):
+            if key not in rec:
+                raise ConfigError(f"{where}: missing key {key!r}")
+        if not isinstance(rec["id"], str) or not rec["id"]:
+            raise ConfigError(f"{where}.id: a non-empty string")
+        if not isinstance(rec["ref"], str) or not rec["ref"].strip():
+            raise ConfigError(f"{where}.ref: a non-empty string")
+        codes = {}
+        for key in ("xids", "after"):
+            value = rec[key]
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{where}.{key}: a non-empty list of Xid codes")
+            codes[key] = frozenset(_int(f"{where}.{key}", x, 1) for x in value)
+        if codes["xids"] & codes["after"]:
+            raise ConfigError(f"{where}: an Xid cannot be its own cause ({sorted(codes['xids'] & codes['after'])})")
+        out.append(ConsequenceRule(id=rec["id"], xids=codes["xids"], after=codes["after"], ref=rec["ref"]))
+    ids = [r.id for r in out]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("classify_policy.toml: duplicate consequence ids")
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
 def default_policy() -> Policy:
-    """The shipped policy: the Xid catalog's default classes, every signature row, default count rules."""
-    return Policy(xids=dict(xid_catalog()), signatures=signatures(), counts=count_rules())
+    """The shipped policy: the Xid catalog's default classes, every signature row, default count
+    and consequence rules."""
+    return Policy(xids=dict(xid_catalog()), signatures=signatures(), counts=count_rules(),
+                  consequences=consequence_rules())
 
 
 def _cls_action(where: str, spec: dict[str, Any], default_cls: str, default_action: str) -> tuple[str, str]:
@@ -182,10 +227,13 @@ def from_config(table: dict[str, Any]) -> Policy:
 
     disable = table.get("disable", [])
     if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
-        raise ConfigError("classify.disable: a list of signature ids")
+        raise ConfigError("classify.disable: a list of signature or consequence rule ids")
+    consequence_ids = {c.id for c in base.consequences}
     for sid in disable:
-        if sid not in known_ids:
-            raise ConfigError(f"classify.disable: no signature row {sid!r}")
+        if sid not in known_ids and sid not in consequence_ids:
+            raise ConfigError(f"classify.disable: no signature row or consequence rule {sid!r}")
     sigs = [s for s in sigs if s.id not in set(disable)]
+    consequences = tuple(c for c in base.consequences if c.id not in set(disable))
 
-    return Policy(xids=xids, signatures=tuple(sigs), counts=tuple(c for c in counts if c.xids))
+    return Policy(xids=xids, signatures=tuple(sigs), counts=tuple(c for c in counts if c.xids),
+                  consequences=consequences)

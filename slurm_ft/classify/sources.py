@@ -2,7 +2,8 @@
 
 * :func:`read_kmsg`: kernel log records since a ``time.monotonic()`` value, from ``/dev/kmsg``
   (Documentation/ABI/testing/dev-kmsg), falling back to ``dmesg``.
-* :func:`read_tail_safely`: the tail of a job's output file without trusting the path.
+* :func:`read_tail_safely`: the tail of a job's output file, read as the job's user
+  (:mod:`slurm_ft.userfile`).
 
 Neither follows the environment: no ``$PATH`` lookup (``dmesg`` is called by absolute path with an
 argv list and a timeout).  Failures raise :class:`slurm_ft.errors.EvidenceError`.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import subprocess
 import time
 from collections import deque
@@ -122,46 +122,25 @@ def _read_dmesg(since: float, max_bytes: int, why: str) -> list[str]:
     return [b.decode("utf-8", "replace") for b in buf]
 
 
-def read_tail_safely(path: str, *, expected_uid: int | None, max_bytes: int = 64 << 10) -> str:
-    """The last ``max_bytes`` of the job's output file at ``path``, decoded as UTF-8 (errors replaced).
+def read_tail_safely(path: str | bytes, *, expected_uid: int | None, max_bytes: int = 64 << 10,
+                     gid: int | None = None, deadline_s: float = 2.0) -> str:
+    """The last ``max_bytes`` of the job's output file at ``path`` (absolute; bytes or str, a
+    non-UTF-8 name as surrogate escapes), decoded as UTF-8 (errors replaced); when ``max_bytes`` were
+    read (the file may be longer) the partial first line is dropped.
 
-    Root-safe: opened with ``O_NOFOLLOW|O_NONBLOCK`` (a symlink as last component is refused, a
-    FIFO cannot block us), then ``fstat`` on the open descriptor (no check/use race): it must be a
-    regular file owned by ``expected_uid`` when given.  The owner check is what stops a job from
-    pointing its output path (or a symlinked directory, or a hard link) at ``/etc/shadow``: those
-    files are not the user's.  Raises :class:`EvidenceError` with the reason.
+    Read by :func:`slurm_ft.userfile.read_tail`: a child that became the job's user
+    (``expected_uid``; ``gid``, default the uid's passwd group) walks the path without following
+    any symlink, opens only a regular file owned by ``expected_uid`` (a device or FIFO is never
+    opened) and answers within ``deadline_s`` seconds or is killed. ``expected_uid`` None is
+    refused: no read without the job's uid. Raises :class:`EvidenceError`
+    (:class:`slurm_ft.userfile.UserFileError`) with the reason.
     """
+    from ..userfile import read_tail
+
     if max_bytes <= 0:
         return ""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise EvidenceError(f"{path}: is a symbolic link; refusing to follow it") from None
-        raise EvidenceError(f"{path}: cannot open: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise EvidenceError(f"{path}: not a regular file")
-        if expected_uid is not None and st.st_uid != expected_uid:
-            raise EvidenceError(f"{path}: owned by uid {st.st_uid}, not the job's uid {expected_uid}; refusing to read it")
-        offset = max(0, st.st_size - max_bytes)
-        chunks: list[bytes] = []
-        got = 0
-        while got < max_bytes:
-            try:
-                data = os.pread(fd, max_bytes - got, offset + got)
-            except OSError as exc:
-                raise EvidenceError(f"{path}: read failed: {exc.strerror}") from None
-            if not data:
-                break
-            chunks.append(data)
-            got += len(data)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if offset > 0:  # drop the partial first line
+    data = read_tail(path, expected_uid, gid, max_bytes, deadline_s)
+    if len(data) >= max_bytes:  # the file may be longer: drop the partial first line
         nl = data.find(b"\n")
         if 0 <= nl < len(data) - 1:
             data = data[nl + 1:]

@@ -5,6 +5,8 @@
   ``class``/``action``/``rank`` with the reason (``policy``) and the ``source`` of the facts.
 * ``signatures.toml``: one row per kind of non-Xid evidence (see the file header for fields).
 * ``classify_policy.toml``: default count/window rules.
+* ``kernel_headers.toml``: the kernel-owned record headers a kernel record must begin with to be
+  evidence for hardware (docs/security.md).
 
 Rows are validated on load; a broken data file is a packaging bug and raises ConfigError.
 """
@@ -184,18 +186,49 @@ def count_rules() -> tuple[CountRule, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=None)
-def user_text_templates() -> tuple[tuple[str, re.Pattern[bytes]], ...]:
-    """``(id, compiled regex)`` for every row of ``data/kernel_user_text.toml``: the kernel
-    message templates that embed user-chosen text (process and file names).  Raises
-    :class:`ConfigError` when the shipped file is malformed."""
+@dataclass(frozen=True)
+class HeaderRow:
+    """One kernel-owned record header (``data/kernel_headers.toml``): ``kind`` is ``xid``,
+    ``sxid`` (groups ``bus`` and ``xid``), ``gpu`` (group ``bus``) or ``node``; ``regex`` is a
+    case-sensitive bytes regex matched at the start of a record body."""
+
+    id: str
+    kind: str
+    regex: re.Pattern[bytes]
+    example: str
+    ref: str
+
+
+#: Header kinds: an NVIDIA Xid, an NVSwitch SXid, a record about one PCI device, a node message.
+HEADER_KINDS = ("xid", "sxid", "gpu", "node")
+#: A header is longer than any process or interface name the kernel may print first (15 bytes).
+MIN_HEADER_BYTES = 16
+
+
+@lru_cache(maxsize=1)
+def kernel_headers() -> tuple[HeaderRow, ...]:
+    """The kernel-owned record headers of ``data/kernel_headers.toml``, in file order.  Raises
+    :class:`ConfigError` when the shipped file is malformed (a missing field, an unknown kind, a
+    regex that does not compile, lacks the groups its kind needs or does not match its example)."""
     import tomllib
 
-    rows = tomllib.loads(_data_text("kernel_user_text.toml")).get("template", [])
     out = []
-    for n, row in enumerate(rows, 1):
+    for n, rec in enumerate(tomllib.loads(_data_text("kernel_headers.toml")).get("header", []), 1):
+        where = f"kernel_headers.toml header {n} ({rec.get('id')})"
         try:
-            out.append((str(row["id"]), re.compile(row["pattern"].encode("utf-8"))))
-        except (KeyError, TypeError, re.error) as exc:
-            raise ConfigError(f"kernel_user_text.toml template {n}: {exc}") from None
+            row = HeaderRow(id=str(rec["id"]), kind=str(rec["kind"]), regex=re.compile(rec["regex"].encode("utf-8")),
+                            example=str(rec["example"]), ref=str(rec["ref"]))
+        except (KeyError, TypeError, AttributeError, re.error) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        need = {"xid": {"bus", "xid"}, "sxid": {"bus", "xid"}, "gpu": {"bus"}, "node": set()}.get(row.kind)
+        if need is None:
+            raise ConfigError(f"{where}: kind must be one of {', '.join(HEADER_KINDS)}, got {row.kind!r}")
+        if not need <= set(row.regex.groupindex):
+            raise ConfigError(f"{where}: kind {row.kind} needs the groups {sorted(need)}")
+        m = row.regex.match(row.example.encode("utf-8"))
+        if m is None or m.end() < MIN_HEADER_BYTES:
+            raise ConfigError(f"{where}: does not match its example with at least {MIN_HEADER_BYTES} bytes")
+        out.append(row)
+    if len({r.id for r in out}) != len(out):
+        raise ConfigError("kernel_headers.toml: duplicate ids")
     return tuple(out)

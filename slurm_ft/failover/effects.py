@@ -24,6 +24,9 @@ from .options import admin_comment
 from .verdict import NodeVerdict
 
 log = logging.getLogger("slurm_ft.daemon")
+#: Seconds an admin's evacuation request of a running attempt may stay unanswered (the machine
+#: answers it in the first cycle that sees the job running; this only bounds a stuck one).
+REQUEST_TTL_S = 600.0
 
 
 class Effects:
@@ -88,9 +91,9 @@ class Effects:
                             status="done" if a.saved else "failed")
 
     def _Notify(self, job, a: m.Notify, opts) -> None:
-        from ..checkpoint import evacuate
+        from .ckpt_signal import notify
 
-        delivery = evacuate.notify(self.slurm, self.journal, job, opts, a.why, purpose=a.purpose)
+        delivery = notify(self.slurm, self.journal, job, opts, a.why, purpose=a.purpose)
         log.info("job %s: %s: %s", job.job_id, a.why, delivery.summary())
 
     def _NotifyRefused(self, job, a: m.NotifyRefused, opts) -> None:
@@ -99,6 +102,12 @@ class Effects:
     def _StartEvacuation(self, job, a: m.StartEvacuation, opts) -> None:
         self.journal.record(job.job_id, a.attempt, "evacuate", a.node, a.reason)
         log.info("job %s: %s degraded (%s): checkpoint-before-exit, then requeue", job.job_id, a.node, a.reason)
+
+    def _AnswerRequest(self, job, a: m.AnswerRequest, opts) -> None:
+        for aid in a.ids:
+            self.journal.finish(aid, a.status, a.detail)
+        if a.status != "done":
+            log.info("job %s: drain --checkpoint request not carried out: %s", job.job_id, a.detail)
 
     def _EvacuationTimeout(self, job, a: m.EvacuationTimeout, opts) -> None:
         self.journal.record(job.job_id, a.attempt, "ckpt-timeout", job.nodes, a.detail, status="failed")
@@ -183,7 +192,10 @@ class Effects:
         action, state = (("evacuation", policy.EVACUATED) if a.kind == policy.EVACUATE
                          else ("continue", policy.CONTINUED))
         nodes = split_nodes(job.nodes) or split_nodes(self._attempt_nodes(job.job_id, a.attempt))
-        drained = sorted(n.name for n in self.d.nodes if n.name in nodes and n.drained) \
+        drained = sorted({n.name for n in self.d.nodes if n.name in nodes and n.drained}
+                         # the node it evacuates (an admin's drain may be newer than the node view)
+                         | {x["target"] for x in self.journal.actions(job.job_id, a.attempt)
+                            if x["action"] == "evacuate" and x["target"] in nodes}) \
             if action == "evacuation" else []
         self.journal.record(job.job_id, a.attempt, "decide", m.hostlist(drained), f"{a.kind}: {a.reason}")
         aid = self.journal.intend(job.job_id, a.attempt, action, m.hostlist(drained), a.reason)
@@ -294,6 +306,13 @@ class Effects:
     # ------------------------------------------------------------------ crash recovery
     def resume(self, intent: dict, job: Job | None) -> None:
         """Finish an action whose intent is journaled but not done (the daemon stopped mid-way)."""
+        if intent["action"] == m.EVACUATE_REQUEST:
+            # an admin's `drain --checkpoint`: the state machine answers it (machine._evacuation_request)
+            # while the attempt runs; one that cannot be carried out any more is answered here
+            why = self._stale_request(intent, job)
+            if why is not None:
+                self.journal.finish(intent["id"], "skipped", why)
+            return
         if intent["action"] not in ("failover", "release", "evacuation", "continue"):
             # a sub-step (drain, requeue, update, start-now) cut short: its parent re-checks it
             self.journal.finish(intent["id"], "abandoned", "daemon restarted mid-step; step re-checked")
@@ -313,6 +332,16 @@ class Effects:
             state = policy.EVACUATED if intent["action"] == "evacuation" else policy.CONTINUED
             self.requeue_not_fault(job, attempt, intent["action"], state, split_nodes(intent["target"]),
                                    intent["id"])
+
+    def _stale_request(self, intent: dict, job: Job | None) -> str | None:
+        """Why an ``evacuate-request`` can no longer be carried out, or None while it can."""
+        if job is None:
+            return "job no longer known to Slurm"
+        if job.state != "RUNNING" or job.restart_count != intent["attempt"]:
+            return f"attempt {intent['attempt']} no longer running (now attempt {job.restart_count}, {job.state})"
+        if self.d.clock() - intent["created"] > REQUEST_TTL_S:
+            return f"not carried out within {REQUEST_TTL_S:g} s"
+        return None
 
     # ------------------------------------------------------------------ helpers
     def try_update(self, job_id: int, **fields: str) -> None:

@@ -66,6 +66,9 @@ REOPEN = {policy.FAILED, policy.USER_ERROR, policy.TIMEOUT}
 DECIDING = ("decide", "failover", "release", "evacuation", "continue")
 #: Seconds between looks at a job whose checkpoint ack is awaited.
 ACK_POLL_S = 2.0
+#: Journal action of ``slurm-ft drain --checkpoint``: an admin asks the daemon to evacuate a job
+#: (status intent until :func:`_evacuation_request` answers it).
+EVACUATE_REQUEST = "evacuate-request"
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -123,15 +126,20 @@ class Facts:
         return next((a.get("nodes") or "" for a in self.attempts if a["attempt"] == attempt), "")
 
     def notified(self, attempt: int, extra_acks: tuple[Mapping, ...] = ()) -> tuple[str | None, bool, Mapping | None]:
-        """(what slurm-ft's checkpoint signal to this attempt was for, whether a saved ack came
-        after it (or at all, unsignalled), the notify row)."""
-        from ..checkpoint.evacuate import CLOCK_SKEW_S, notify_purpose
+        """(what slurm-ft's last checkpoint signal to this attempt was for, whether a ``saved``
+        ack answered it, the notify row). An ack is only ever the answer to a signal slurm-ft
+        itself journaled for *this* attempt and delivered (``ckpt-notify`` done): a ``saved`` ack
+        journaled before that signal, with no signal at all, or after one nothing caught
+        (skipped) buys nothing. ``extra_acks``: ack rows about to be journaled this cycle."""
+        from .ckpt_signal import CLOCK_SKEW_S, notify_purpose
 
         acts = [*self.acts(attempt), *extra_acks]
         notes = [a for a in acts if a["action"] == "ckpt-notify" and a["status"] in ("done", "skipped")]
-        since = (notes[-1]["created"] - CLOCK_SKEW_S) if notes else 0.0
-        saved = any(a["action"] == "ckpt-ack" and a["status"] == "done" and a["created"] >= since for a in acts)
-        return (notify_purpose(notes[-1]["detail"]) if notes else None), saved, (notes[-1] if notes else None)
+        note = notes[-1] if notes else None
+        saved = note is not None and note["status"] == "done" and any(
+            a["action"] == "ckpt-ack" and a["status"] == "done" and a["attempt"] == attempt
+            and a["created"] >= note["created"] - CLOCK_SKEW_S for a in acts)
+        return (notify_purpose(note["detail"]) if note else None), saved, note
 
 
 @dataclass(frozen=True)
@@ -213,6 +221,15 @@ class NotifyRefused(Action):
 class StartEvacuation(Action):
     node: str = ""
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class AnswerRequest(Action):
+    """Close ``slurm-ft drain --checkpoint``'s ``evacuate-request`` rows ``ids`` (journal action
+    ids) with ``status`` (done: the evacuation started; skipped: not carried out, ``detail`` says why)."""
+    ids: tuple[int, ...] = ()
+    status: str = "done"
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -350,8 +367,7 @@ def _requeued_by_slurm(job: Job, f: Facts, v: View) -> list[Action]:
     """Pending again but slurm-ft did not requeue it: Slurm did (NODE_FAIL of a requeueable
     job) or an admin did. A lost node is a hardware fault of the attempt."""
     attempt = job.restart_count - 1
-    nodes = split_nodes(f.attempt_nodes(attempt))
-    down = [n for n in nodes if n in v.nodes and lost(v.nodes[n])]
+    down = slurm_failed(job, split_nodes(f.attempt_nodes(attempt)), v)
     if not down and not any(policy.retry_class(x) == "hardware" for x in f.verdicts_of(attempt)):
         return [AdminRequeue(job.job_id, attempt)]
     return _decide(job, f, v, attempt, "NODE_FAIL" if down else "FAILED", requeued=True)
@@ -412,7 +428,7 @@ def _restart_at(job: Job, f: Facts, state: str, now: float) -> tuple[str | None,
 def _ack(job: Job, f: Facts) -> RecordAck | None:
     """The checkpoint ack the job wrote into its comment for this attempt, once."""
     from ..checkpoint import channel
-    from ..checkpoint.evacuate import ack_detail
+    from .ckpt_signal import ack_detail
 
     ack = channel.find(job.comment)
     if ack is None or ack.attempt != job.restart_count or ack.state not in ("saved", "failed"):
@@ -474,8 +490,11 @@ def _evacuation(job: Job, f: Facts, v: View, ack: RecordAck | None) -> list[Acti
     attempt = job.restart_count
     started = f.acts(attempt, "evacuate")
     if not started:
+        asked = _evacuation_request(job, f, v)
+        if asked is not None:
+            return asked
         if f.acts(attempt, "ckpt-notify"):
-            return None        # a signal already went out (time limit, `slurm-ft drain --checkpoint`)
+            return None        # a signal already went out (time limit)
         target = evacuation_target(job, f, v)
         if target is None or (target[2] is not None and f.gpus is None):
             return None
@@ -515,6 +534,34 @@ def _evacuation(job: Job, f: Facts, v: View, ack: RecordAck | None) -> list[Acti
         return out + [RequeueNotFault(job.job_id, attempt, policy.EVACUATE,
                                       "evacuated without a checkpoint (no ack in time)")]
     return [Wake(job.job_id, attempt, min(deadline, v.now + ACK_POLL_S), "checkpoint ack")]
+
+
+def _evacuation_request(job: Job, f: Facts, v: View) -> list[Action] | None:
+    """An admin's ``slurm-ft drain NODE --checkpoint`` (an ``evacuate-request`` row of this
+    attempt, status intent, target NODE; slurm_ft.failover.evacuation): start the same evacuation
+    a health drain starts, within the same bounds (``max_evacuations``; the requeue then boosts
+    within ``priority_boost``/``priority_ceiling``), and answer the request either way. None when
+    nothing was asked."""
+    attempt = job.restart_count
+    asked = [a for a in f.acts(attempt, EVACUATE_REQUEST) if a["status"] == "intent"]
+    if not asked:
+        return None
+    ids = tuple(a["id"] for a in asked)
+    node = asked[-1]["target"]
+    if node not in split_nodes(job.nodes):
+        return [AnswerRequest(job.job_id, attempt, ids, "skipped", f"{node} is not a node of attempt {attempt}")]
+    if f.acts(attempt, "ckpt-notify"):
+        return [AnswerRequest(job.job_id, attempt, ids, "skipped",
+                              "a checkpoint signal already went out to this attempt (time limit): it is "
+                              "requeued once it saves")]
+    if f.count("evacuation") >= v.failover.max_evacuations:
+        return [AnswerRequest(job.job_id, attempt, ids, "skipped",
+                              f"site bound of {v.failover.max_evacuations} evacuations ([failover] "
+                              "max_evacuations) used up: the job runs on to its end")]
+    why = f"{node} drained by an admin (slurm-ft drain --checkpoint): {asked[-1]['detail'] or ''}".rstrip(": ")
+    return [StartEvacuation(job.job_id, attempt, node, why), AnswerRequest(job.job_id, attempt, ids, "done"),
+            Notify(job.job_id, attempt, policy.NOTIFY_EVACUATION, why),
+            Wake(job.job_id, attempt, v.now + ACK_POLL_S, "checkpoint ack")]
 
 
 def time_limit_s(job: Job) -> float | None:
@@ -582,12 +629,14 @@ def _decide(job: Job, f: Facts, v: View, attempt: int, slurm_state: str, requeue
                              unblamed_done=kinds.count("unblamed"), runtime_s=f.runtime_s(),
                              site=policy.SitePolicy.from_config(v.failover),
                              notified=None if requeued else purpose, saved=saved,
-                             evacuations_done=f.count("evacuation"), continuations_done=f.count("continue"))
+                             evacuations_done=f.count("evacuation"), continuations_done=f.count("continue"),
+                             failed_nodes=slurm_failed(job, nodes, v) if slurm_state == "NODE_FAIL" else ())
     if decision.kind == "wait":
         return [Wake(job.job_id, attempt, seen + v.grace_s, "waiting for node verdicts")]
     if decision.kind in (policy.EVACUATE, policy.CONTINUE):
         return [RequeueNotFault(job.job_id, attempt, decision.kind, decision.reason)]
-    node_fail = tuple(x["node"] for x in decision.verdicts if x["rule"] == "slurm-node-fail")
+    node_fail = tuple(x["node"] for x in decision.verdicts
+                      if x.get("source") == policy.SLURM_SOURCE and x["verdict"] == "hardware")
     if decision.kind == "failover" and failovers and attempt > 0 and not decision.blamed_nodes:
         # fast-fail is for faults that would repeat anywhere; two hardware faults on two
         # nodes are bad luck (and the first node is excluded, so it cannot repeat there)
@@ -622,6 +671,18 @@ def _late_verdicts(job: Job, f: Facts, v: View, state: str) -> list[Action]:
     if not late or not v.failover.drain:
         return []
     return [DrainLate(job.job_id, attempt, tuple(late), tuple(x for x in hardware if x.node in late))]
+
+
+def slurm_failed(job: Job, nodes: list[str], v: View) -> list[str]:
+    """The attempt's ``nodes`` that Slurm itself reports failed: down or not responding in its
+    node records (``sinfo --json``, :func:`lost`) or named by the job's ``FailedNode``
+    (:attr:`slurm_ft.slurm.Job.failed_nodes`, Slurm >= 23.02). With ``nodes`` unknown, the
+    ``FailedNode`` names alone. The only nodes a lost node's ``NODE_FAIL`` may blame: a survivor
+    is never in this list."""
+    named = set(job.failed_nodes)
+    if not nodes:
+        return sorted(named)
+    return [n for n in nodes if n in named or (n in v.nodes and lost(v.nodes[n]))]
 
 
 def lost(node) -> bool:

@@ -3,7 +3,8 @@
 A node epilog cannot annotate the job (slurmctld answers ``Job has already finished``), but it can
 set a field of its own *node* record (``Extra`` by default), which the daemon reads with
 ``sinfo --json`` (after a job end, and every ``[failover] node_poll_s``). The field holds a
-bounded list of records (:class:`slurm_ft.failover.verdict.NodeVerdict`), newest last:
+bounded list of records (:class:`slurm_ft.failover.verdict.NodeVerdict`), newest last, in two
+pools so that failing jobs never push a hardware verdict out (:func:`bounded`):
 
     slurm-ft/1;<rec>;<rec>;...      rec = job.attempt,verdict,rule,xids,exit,time
     xids = 79@0000:10:00+48@0000:11:00   (percent-encoded fields)
@@ -40,8 +41,33 @@ def parse(field: str, node: str = "") -> list[NodeVerdict]:
     return [r for r in (NodeVerdict.decode(p, node) for p in field.split(";")[1:] if p) if r is not None]
 
 
+def hardware_reserve(keep: int) -> int:
+    """Slots of a ``keep``-record field that only hardware records may take: half, rounded up."""
+    return (keep + 1) // 2
+
+
+def bounded(records: list[Record], keep: int) -> list[Record]:
+    """The records a field of at most ``keep`` records holds, oldest first, in two pools:
+
+    - **hardware** verdicts: the newest ``max(hardware_reserve(keep), keep - non-hardware)``;
+    - **other** verdicts (user, infra, hang, unknown, ok): the newest that fit in what is left.
+
+    So however many jobs fail on a node (each posts a non-hardware record), they never evict one
+    of its newest :func:`hardware_reserve` hardware verdicts before the daemon has read it (issue
+    27: 16 tiny failing jobs used to push another user's hardware verdict out of a 16-slot field).
+    A pool that does not use its share leaves it to the other; the field never holds more than
+    ``keep`` records (Slurm's field stays as small as before)."""
+    hardware = [r for r in records if r.hardware]
+    other = [r for r in records if not r.hardware]
+    n_hw = min(len(hardware), max(hardware_reserve(keep), keep - len(other)))
+    n_other = min(len(other), keep - n_hw)
+    kept = {id(r) for r in hardware[len(hardware) - n_hw:]} | {id(r) for r in other[len(other) - n_other:]}
+    return [r for r in records if id(r) in kept]
+
+
 def render(records: list[Record], keep: int) -> str:
-    return ";".join([HEADER, *(r.encode() for r in records[-keep:])])
+    """The field text of ``records`` (oldest first) bounded by :func:`bounded`."""
+    return ";".join([HEADER, *(r.encode() for r in bounded(records, keep))])
 
 
 @contextmanager

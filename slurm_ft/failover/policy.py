@@ -56,6 +56,15 @@ UNVERIFIED_RULE = "unverified:"
 FAILED_STATES = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 #: Verdict classes that fail a job over, and whether the node is blamed (drained, excluded).
 RETRY_CLASSES = {"hardware": True, "infra": False, "hang": False, "unknown": False}
+#: Rule of the hardware verdict slurm-ft makes for a node Slurm itself reports failed (a lost
+#: node runs no epilog): the only verdict that blames a node without that node's own evidence.
+NODE_FAIL_RULE = "slurm-node-fail"
+#: ``source`` of the verdicts :func:`node_fail_verdicts` makes from Slurm's own word (no node
+#: wrote them: a rule name alone never makes one).
+SLURM_SOURCE = "slurm"
+#: Rule of the verdict for a multi-node NODE_FAIL in which Slurm names no failed node: retried
+#: once without blame (class ``infra``), never a drain.
+NODE_FAIL_UNNAMED_RULE = "slurm-node-fail-unnamed"
 #: Rules that say Slurm itself ended the job (preemption, requeue, suspend): no fault, nothing
 #: blamed, not retried by slurm-ft (Slurm's own requeue, if any, brings the job back).
 NOT_A_FAULT_RULES = frozenset({"preempted", "slurm-preempted"})
@@ -72,7 +81,7 @@ class SitePolicy:
     unblamed_retries: int = 1
     unblamed_max_runtime_s: float = 86400.0
     max_evacuations: int = 10
-    max_continuations: int = 10
+    max_continuations: int = 2
     #: An attempt whose only verdicts are ``unknown`` (no root cause on any node: e.g. every rank
     #: only saw a peer vanish) gets one unblamed retry elsewhere (True) or none (False).
     retry_unknown: bool = False
@@ -113,7 +122,8 @@ def retry_class(v: dict, site: "SitePolicy | None" = None) -> str | None:
 def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: list[dict], job_nodes: list[str],
            seconds_since_end: float, grace_s: float = 3.0, unblamed_done: int = 0, runtime_s: float = 0.0,
            site: SitePolicy | None = None, notified: str | None = None, saved: bool = False,
-           evacuations_done: int = 0, continuations_done: int = 0) -> Decision:
+           evacuations_done: int = 0, continuations_done: int = 0,
+           failed_nodes: list[str] | tuple[str, ...] = ()) -> Decision:
     """Decide what to do with an ended attempt.
 
     ``slurm_state``: the job's Slurm state (e.g. FAILED, NODE_FAIL, COMPLETED); ``failovers_done``:
@@ -125,8 +135,14 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
     run over all attempts; ``site``: the site's limits (:class:`SitePolicy`; default limits if None);
     ``notified``: slurm-ft sent this attempt its checkpoint signal (:data:`NOTIFY_EVACUATION` or
     :data:`NOTIFY_TIME_LIMIT`), None if not; ``saved``: the attempt acked a saved exit checkpoint
-    after that; ``evacuations_done`` / ``continuations_done``: requeues of those kinds so far.
+    after that; ``evacuations_done`` / ``continuations_done``: requeues of those kinds so far;
+    ``failed_nodes``: the job's nodes Slurm itself reports failed (down, not responding, or the
+    job's ``FailedNode``; :func:`slurm_ft.failover.machine.slurm_failed`), read for ``NODE_FAIL``.
 
+    Blame (:func:`blamed_by`): a node is blamed only by its own trusted hardware verdict or by
+    Slurm naming it failed (``NODE_FAIL``: ``failed_nodes``; a one-node job's ``NODE_FAIL``
+    names its node), never because another node of the job failed. A multi-node ``NODE_FAIL``
+    in which Slurm names no node is retried without blame (:data:`NODE_FAIL_UNNAMED_RULE`).
     A hardware verdict on any node decides (that node is blamed). An attempt that ended after
     slurm-ft's own checkpoint signal is requeued as what the signal was for (never blamed on the
     user: slurm-ft ended it), within that kind's bound. Otherwise a retryable verdict that
@@ -136,8 +152,8 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
     verdicts = list(verdicts)
     if slurm_state == "CANCELLED":
         return Decision(CANCELLED, "cancelled by user or admin")
-    if slurm_state == "NODE_FAIL" and not any(v["verdict"] == "hardware" for v in verdicts):
-        verdicts += [{"node": n, "verdict": "hardware", "rule": "slurm-node-fail", "xids": []} for n in job_nodes]
+    if slurm_state == "NODE_FAIL":
+        verdicts += node_fail_verdicts(verdicts, job_nodes, failed_nodes)
     if not any(retry_class(v) == "hardware" for v in verdicts):
         requeue = _after_notify(slurm_state, notified, saved, evacuations_done, continuations_done, site)
         if requeue is not None:
@@ -152,7 +168,7 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
     chosen = by_class["hardware"] or by_class["hang"] or by_class["infra"] or by_class["unknown"]
     if chosen:
         kind = retry_class(chosen[0], site)
-        blamed = tuple(sorted({v["node"] for v in chosen})) if RETRY_CLASSES[kind] else ()
+        blamed = blamed_by(chosen) if RETRY_CLASSES[kind] else ()
         what = f"{kind} fault ({chosen[0]['rule']})"
         if failovers_done >= retries:
             return Decision(MAX_RETRIES, f"{what} but retry budget {retries} is used up", blamed, tuple(chosen))
@@ -177,6 +193,30 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
     if seconds_since_end < grace_s:
         return Decision("wait", "waiting for node verdicts")
     return Decision(FAILED, "no hardware fault found", (), tuple(verdicts))
+
+
+def node_fail_verdicts(verdicts: list, job_nodes, failed_nodes) -> list[dict]:
+    """The verdicts Slurm's own ``NODE_FAIL`` adds (a lost node runs no epilog): a hardware
+    :data:`NODE_FAIL_RULE` verdict for each node Slurm names failed (``failed_nodes``; for a
+    one-node job its node) that has no hardware verdict of its own; when Slurm names none of a
+    multi-node job's nodes and no node has hardware evidence, one unblamed ``infra`` verdict
+    (:data:`NODE_FAIL_UNNAMED_RULE`, node ``""``). A survivor is never given a verdict here."""
+    failed = sorted(set(failed_nodes or ()))
+    if not failed and len(job_nodes) == 1:
+        failed = list(job_nodes)     # the job's state names its only node
+    own = {v["node"] for v in verdicts if v["verdict"] == "hardware"}
+    out = [{"node": n, "verdict": "hardware", "rule": NODE_FAIL_RULE, "xids": [], "source": SLURM_SOURCE}
+           for n in failed if n not in own]
+    if not failed and not own:
+        out.append({"node": "", "verdict": "infra", "rule": NODE_FAIL_UNNAMED_RULE, "xids": [], "source": SLURM_SOURCE})
+    return out
+
+
+def blamed_by(verdicts) -> tuple[str, ...]:
+    """The nodes a set of verdicts blames: each node named by a hardware verdict (its own
+    epilog's trusted evidence, a prolog health check, or :data:`NODE_FAIL_RULE` for a node Slurm
+    reports failed), sorted; a verdict without a node blames nobody."""
+    return tuple(sorted({v["node"] for v in verdicts if v["verdict"] == "hardware" and v.get("node")}))
 
 
 def _after_notify(slurm_state: str, notified: str | None, saved: bool, evacuations_done: int,

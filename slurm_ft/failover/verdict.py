@@ -36,6 +36,10 @@ class NodeVerdict(Mapping):
     evidence: tuple[str, ...] = field(default=(), compare=False)
     action: str = field(default="none", compare=False)
     source: str = field(default="mailbox", compare=False)   # epilog | prolog | mailbox | daemon
+    #: The trusted hardware rule behind a verdict whose ``rule`` does not name it (a clean exit on
+    #: a faulty node: rule ``clean-exit``, action ``drain_node``); the drain reason names it.
+    #: Local to the node (not in the mailbox record nor the journal row).
+    cause: str = field(default="", compare=False)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -57,7 +61,7 @@ class NodeVerdict(Mapping):
                         time: float, source: str = "epilog") -> "NodeVerdict":
         """From a :class:`slurm_ft.classify.model.Verdict`."""
         return cls(job_id, attempt, v.verdict, v.rule, tuple((x.xid, x.bus_id or "") for x in v.xids), exit_code,
-                   time, node, tuple(v.evidence), v.action, source)
+                   time, node, tuple(v.evidence), v.action, source, getattr(v, "cause", ""))
 
     # -- mailbox record: job.attempt,verdict,rule,xids,exit,time -------------------------------
     def encode(self) -> str:
@@ -101,7 +105,7 @@ class NodeVerdict(Mapping):
             return self.time
         if k == "evidence":
             return list(self.evidence)
-        if k in KEYS:
+        if k in KEYS or k == "cause":   # "cause": readable, not a row key (never journaled)
             return getattr(self, k)
         raise KeyError(k)
 

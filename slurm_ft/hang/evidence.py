@@ -10,7 +10,6 @@ kernel log are root's own, trusted readings.
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -25,51 +24,18 @@ MAX_DUMPS = 16
 
 
 # ------------------------------------------------------------------------------ the job's output
-def open_as_user(path: str, uid: int, gid: int) -> int | None:
-    """A read-only descriptor of ``path`` opened by a child that has dropped to ``uid``/``gid``
-    (no supplementary groups, ``O_NOFOLLOW | O_NONBLOCK``), or None when that user may not open
-    it, it is not a regular file of that user, or anything fails. Root only ever fstat()s it."""
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+def open_as_user(path: str | bytes, uid: int, gid: int, deadline_s: float = 2.0) -> int | None:
+    """An ``O_PATH`` descriptor of the job's output ``path``, found by a child that has dropped to
+    ``uid``/``gid`` and walked the path without following a symlink
+    (:func:`slurm_ft.userfile.open_path`), or None when it is not a regular file of that user,
+    that user may not reach it, or the child did not answer within ``deadline_s`` seconds. Root
+    only ever ``fstat()`` s it (the output's growth)."""
+    from ..userfile import open_path
+    from ..errors import SlurmFTError
     try:
-        pid = os.fork()
-    except OSError:
-        a.close()
-        b.close()
+        return open_path(path, uid, gid, deadline_s)
+    except SlurmFTError:
         return None
-    if pid == 0:  # child: become the user, open, hand the descriptor over, leave
-        code = 1
-        try:
-            a.close()
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-            socket.send_fds(b, [b"ok"], [fd])
-            code = 0
-        except BaseException:
-            pass
-        finally:
-            os._exit(code)
-    b.close()
-    try:
-        a.settimeout(10.0)
-        _, fds, _, _ = socket.recv_fds(a, 16, 1)
-    except OSError:
-        fds = []
-    finally:
-        a.close()
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-    if not fds:
-        return None
-    fd = fds[0]
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-        os.close(fd)
-        return None
-    return fd
 
 
 # ------------------------------------------------------------------------------ GPU utilisation
@@ -139,8 +105,10 @@ def stack_dump(py_spy: str | None, pid: int, uid: int, gid: int, timeout_s: floa
 # ------------------------------------------------------------------------------ kernel log
 def kernel_verdict(cfg, node: str, gpus: tuple[int, ...] | None, since_mono: float):
     """The classifier's verdict on this node's kernel log since ``since_mono`` (root's trusted
-    evidence, attributed to the job's GPUs by bus id as the epilog does), or None when the log
-    cannot be read. A hang caused by a GPU that fell off the bus is that hardware fault."""
+    evidence, attributed to the job's GPUs by bus id as the epilog does: ``gpus`` from
+    ``SLURM_JOB_GPUS``; None, a job without GPUs, owns none, so no GPU record is its evidence),
+    or None when the log cannot be read. A hang caused by a GPU that fell off the bus is that
+    hardware fault."""
     from .. import nvml
     from ..classify import Evidence, classify, default_policy, from_config, normalise_bus_id
     from ..classify.sources import read_kmsg
@@ -153,9 +121,8 @@ def kernel_verdict(cfg, node: str, gpus: tuple[int, ...] | None, since_mono: flo
     try:
         nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.backend == "fake" else None)
         node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
-        if gpus is not None:
-            by_index = {i: b for b, i in node_bus.items()}
-            job_bus = frozenset(by_index[g] for g in gpus if g in by_index)
+        by_index = {i: b for b, i in node_bus.items()}
+        job_bus = frozenset(by_index[g] for g in (gpus or ()) if g in by_index)  # no GPUs: owns none
     except Exception:
         return None        # no GPU map: an Xid could not be attributed to this job's GPUs
     policy = from_config(cfg.classify) if cfg.classify else default_policy()

@@ -14,12 +14,24 @@ started by systemd's slurmd has no ``SLURM_CONF`` and is always taken as ours).
 
 Reads only ``/proc``; costs one pass over it (a few ms on a busy node): used when acting, not at
 every look of a watcher.
+
+**Pinning.** A pid is only a number the kernel hands out again once its process is gone. Before
+root signals a scanned process, :func:`pin` opens a pidfd on it (``pidfd_open(2)``, Linux >= 5.3)
+and only then checks that the process behind the pid is still the scanned one (its start time,
+field 22 of ``/proc/PID/stat``, in clock ticks since boot, and its owner): the pidfd names that
+process and no other for as long as it is open, so :meth:`Pinned.signal`
+(``pidfd_send_signal(2)``) can never reach a process that reused the pid. Without pidfds (an
+older kernel) the same check is made right before ``kill(2)`` instead.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import select
+import signal as signal_mod
+import time
 from dataclasses import dataclass
 
 _STEPD = re.compile(rb"^slurmstepd: \[(\d+)\.([A-Za-z0-9_]+)\]")
@@ -35,23 +47,37 @@ class Proc:
     comm: str
     job: int
     step: str            # "batch", "0", "1", ... (never "extern": its sleeper is not the job's work)
+    start_time: int | None = None   # /proc/PID/stat field 22: clock ticks after boot (None: unknown)
 
 
-def _stat(pid: str, proc_root: str = "/proc") -> tuple[int, str] | None:
-    """(ppid, comm) from ``/proc/PID/stat`` (comm may hold spaces and parentheses)."""
+def _stat(pid: str, proc_root: str = "/proc") -> tuple[int, str, int | None] | None:
+    """(ppid, comm, start time) from ``/proc/PID/stat`` (comm may hold spaces and parentheses;
+    the start time, field 22, is None when the line is shorter)."""
     try:
         with open(f"{proc_root}/{pid}/stat", "rb") as fh:
             data = fh.read(4096)
     except OSError:
         return None
     head, _, tail = data.rpartition(b")")
-    fields = tail.split()
+    fields = tail.split()          # fields[0] is field 3 (state)
     if len(fields) < 2:
         return None
     comm = head.partition(b"(")[2].decode(errors="replace")
     try:
-        return int(fields[1]), comm
+        start = int(fields[19]) if len(fields) > 19 else None
+        return int(fields[1]), comm, start
     except ValueError:
+        return None
+
+
+def identity(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
+    """(start time, owner uid) of the process now behind ``pid``; None when there is none."""
+    st = _stat(str(pid), proc_root)
+    if st is None or st[2] is None:
+        return None
+    try:
+        return st[2], os.stat(f"{proc_root}/{pid}").st_uid
+    except OSError:
         return None
 
 
@@ -77,6 +103,7 @@ def scan(job_id: int | None = None, *, conf: str | None = None, node: str | None
     ``SLURMD_NODENAME`` is this (None: any); ``uid``: keep processes of this user (None: any)."""
     parent: dict[int, int] = {}
     comm: dict[int, str] = {}
+    start: dict[int, int | None] = {}
     steps: dict[int, tuple[int, str]] = {}
     for entry in os.listdir(proc_root):
         if not entry.isdigit():
@@ -85,7 +112,7 @@ def scan(job_id: int | None = None, *, conf: str | None = None, node: str | None
         if st is None:
             continue
         pid = int(entry)
-        parent[pid], comm[pid] = st
+        parent[pid], comm[pid], start[pid] = st
         if st[1] != "slurmstepd":
             continue
         try:
@@ -120,7 +147,7 @@ def scan(job_id: int | None = None, *, conf: str | None = None, node: str | None
                 continue
             if node is not None and environ(pid, proc_root).get("SLURMD_NODENAME", node) != node:
                 continue
-            out.append(Proc(pid, parent[pid], owner, comm.get(pid, ""), job, step))
+            out.append(Proc(pid, parent[pid], owner, comm.get(pid, ""), job, step, start.get(pid)))
     return sorted(out, key=lambda p: p.pid)
 
 
@@ -133,3 +160,78 @@ def roots(procs: list[Proc]) -> list[Proc]:
     """The processes whose parent is their stepd: one per task (the rank), or the batch script."""
     pids = {p.pid for p in procs}
     return [p for p in procs if p.ppid not in pids]
+
+
+# ------------------------------------------------------------------------------ pinning
+class Pinned:
+    """One scanned process held by a pidfd (``fd``; None where the kernel has no pidfds).
+    :meth:`signal` reaches that process or nothing; :meth:`close` lets the pid go."""
+
+    def __init__(self, proc: Proc, fd: int | None, proc_root: str = "/proc"):
+        self.proc, self.fd, self.proc_root = proc, fd, proc_root
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        """Whether the pinned process has not exited (a pidfd polls readable once it has)."""
+        if self.fd is not None:
+            p = select.poll()
+            p.register(self.fd, select.POLLIN)
+            return not p.poll(0)
+        return identity(self.proc.pid, self.proc_root) == (self.proc.start_time, self.proc.uid)
+
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` to the pinned process; False when it is gone (never another process)."""
+        try:
+            if self.fd is not None:
+                signal_mod.pidfd_send_signal(self.fd, sig)
+                return True
+            if identity(self.proc.pid, self.proc_root) != (self.proc.start_time, self.proc.uid):
+                return False          # no pidfds: the same check, right before kill(2)
+            os.kill(self.proc.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def pin(procs: list[Proc], proc_root: str = "/proc") -> list[Pinned]:
+    """Pin every process of ``procs`` still the one scanned (same pid, start time and owner):
+    pidfd first, then the check, so the pidfd names the scanned process. Processes gone, reused
+    or of unknown start time are left out (never signalled)."""
+    out = []
+    for q in procs:
+        if q.start_time is None:
+            continue
+        fd = None
+        try:
+            fd = os.pidfd_open(q.pid)
+        except ProcessLookupError:
+            continue
+        except (AttributeError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno not in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
+                continue
+            fd = None           # a kernel (or seccomp profile) without pidfds: check before kill(2)
+        if identity(q.pid, proc_root) != (q.start_time, q.uid):
+            if fd is not None:
+                os.close(fd)
+            continue
+        out.append(Pinned(q, fd, proc_root))
+    return out
+
+
+def end_pinned(pinned: list[Pinned], wait_s: float, sleep=time.sleep) -> list[int]:
+    """SIGTERM every pinned process, then SIGKILL those still alive after ``wait_s`` s. Only the
+    pinned processes are ever signalled. Returns the pids that got SIGKILL."""
+    for p in pinned:
+        p.signal(signal_mod.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(p.alive() for p in pinned):
+        sleep(0.2)
+    return [p.pid for p in pinned if p.alive() and p.signal(signal_mod.SIGKILL)]

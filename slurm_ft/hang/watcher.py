@@ -49,6 +49,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ..boundary import note, root_entry
 from ..errors import ConfigError, SlurmFTError
 from . import heartbeat as hb
 
@@ -298,13 +299,25 @@ class Watcher:
         return gpu_utilisation(self.cfg, self.w.node, self.w.gpus)
 
     def on_hang(self, now: float) -> None:
+        from .procs import pin, scan
+        w = self.w
+        procs = scan(w.job_id, conf=w.conf, node=w.node, uid=w.uid)
+        # pinned now: the evidence below (stack dumps, Slurm, the journal) can take minutes, and
+        # a pid of this scan may by then belong to another process (slurm_ft.hang.procs, "Pinning")
+        pinned = {q.pid: q for q in pin(procs)} if self.cfg.hang.act else {}
+        try:
+            self._on_hang(now, procs, pinned)
+        finally:
+            for q in pinned.values():
+                q.close()
+
+    def _on_hang(self, now: float, procs, pinned) -> None:
         from ..failover import mailbox
         from ..failover.verdict import NodeVerdict
         from ..journal import open_node_journal
         from .evidence import kernel_verdict
-        from .procs import scan, tasks
+        from .procs import tasks
         w = self.w
-        procs = scan(w.job_id, conf=w.conf, node=w.node, uid=w.uid)
         inplace = self.dir_fd is not None and hb.inplace_marked(self.dir_fd, w.uid)
         lines = self.evidence(now, procs)
         kv = kernel_verdict(self.cfg, w.node, w.gpus, w.started_mono - 1.0)
@@ -332,11 +345,10 @@ class Watcher:
             self.log("[hang] act = false: the job is left running")
             self.ended = True
             return
-        targets = tasks(procs) if inplace else procs
+        targets = [pinned[q.pid] for q in (tasks(procs) if inplace else procs) if q.pid in pinned]
         self.log(f"ending {'the step tasks' if inplace else 'the job processes'} on {w.node}: "
                  f"{', '.join(str(q.pid) for q in targets) or 'none found'}")
-        end_processes(targets, lambda: scan(w.job_id, conf=w.conf, node=w.node, uid=w.uid),
-                      self.cfg.hang.kill_wait_s, self.sleep)
+        end_processes(targets, self.cfg.hang.kill_wait_s, self.sleep)
         if inplace and targets:
             self.progress.restart(self.clock())      # the wrapper restarts the step: grace again
         else:
@@ -350,26 +362,12 @@ class Watcher:
         remove_dir(self.dir)
 
 
-def end_processes(targets, rescan, wait_s: float, sleep=time.sleep) -> None:
-    """SIGTERM ``targets``, then SIGKILL those still there after ``wait_s`` (found again with
-    ``rescan``: a pid is signalled again only while it is still one of the job's processes)."""
-    pids = {q.pid for q in targets}
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if not pids & {q.pid for q in rescan()}:
-            return
-        sleep(0.2)
-    for q in rescan():
-        if q.pid in pids:
-            try:
-                os.kill(q.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def end_processes(targets, wait_s: float, sleep=time.sleep) -> None:
+    """SIGTERM ``targets`` (:class:`slurm_ft.hang.procs.Pinned`, pinned at the scan), then
+    SIGKILL those still alive after ``wait_s``; a process that exited is never signalled again,
+    and a pid reused by another process is never signalled at all."""
+    from .procs import end_pinned
+    end_pinned(list(targets), wait_s, sleep)
 
 
 # ------------------------------------------------------------------------------ the prolog's part
@@ -433,17 +431,20 @@ def epilog_cleanup(cfg, job_id: int, node: str) -> bool:
         os.unlink(pidf)
     except (OSError, ValueError):
         return False
+    try:          # pin the pid first, then check what it is: the check then holds for the signal
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv = fh.read(4096).split(b"\0")
+        if b"slurm_ft.hang.watcher" not in argv or bytes(str(job_id), "ascii") not in argv:
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
     except OSError:
         return False
-    if b"slurm_ft.hang.watcher" not in argv or bytes(str(job_id), "ascii") not in argv:
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return False
+    finally:
+        os.close(pidfd)
     return True
 
 
@@ -466,7 +467,7 @@ def start(cfg, job, env: dict, log) -> int | None:
     except KeyError:
         gid = job.uid
     make_job_dir(cfg.heartbeat_root(job.node), job.job_id, job.uid, gid)
-    argv = [sys.executable, "-m", "slurm_ft.hang.watcher", "--job", str(job.job_id), "--node", job.node,
+    argv = [sys.executable, "-I", "-m", "slurm_ft.hang.watcher", "--job", str(job.job_id), "--node", job.node,
             "--attempt", str(job.attempt), "--started-mono", f"{time.monotonic():.3f}"]
     if job.gpus is not None:
         argv += ["--gpus", ",".join(map(str, job.gpus))]
@@ -487,6 +488,7 @@ def start(cfg, job, env: dict, log) -> int | None:
 
 
 # ------------------------------------------------------------------------------ entry point
+@root_entry("hang-watcher")
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slurm_ft.hang.watcher", description=__doc__.split("\n\n")[0])
     ap.add_argument("--job", type=int, required=True)
@@ -504,6 +506,7 @@ def main(argv=None) -> int:
     cfg = config_mod.load(a.config)
     job = NodeJob(a.job, a.node, a.attempt, None, None, None, None, None, None, None)
     log = NodeLog("hang-watch", job, cfg.node_state.log)
+    note(cfg=cfg, node=a.node, log=log)
     slurm = Slurm.from_config(cfg)
     for _ in range(10):        # the job record may lag the prolog by a moment
         window, uid, gid, why = window_of(slurm, a.job)

@@ -6,8 +6,9 @@ nvmlDeviceGetIndex). On a real driver an event set only sees Xids raised *after*
 registered, so in a short-lived prolog it catches little; the kernel log is the source for
 older Xids: with ``[health] xid_kmsg_window_s`` > 0 the check also reads the kernel log of that
 many past seconds (``slurm_ft.classify.sources.read_kmsg``, parsed by
-``slurm_ft.classify.parse.parse_xid``; the bus id in the line is matched to the GPU index through
-nvmlDeviceGetPciInfo). :func:`judge` is the pure half and :func:`kmsg_events` takes plain lines,
+``slurm_ft.classify.parse.parse_xid``: only records that begin with the driver's Xid header
+count; the header's bus id is matched to the GPU index through nvmlDeviceGetPciInfo, and a record
+naming no GPU of this node is not counted). :func:`judge` is the pure half and :func:`kmsg_events` takes plain lines,
 so any source of ``(gpu, xid)`` pairs can feed the same verdicts.
 """
 
@@ -88,17 +89,22 @@ def nvml_events(ctx: Context) -> list[tuple[int | None, int]]:
 
 
 def kmsg_events(lines: Iterable[str], bus_ids: dict[int, str]) -> list[tuple[int | None, int]]:
-    """Kernel-log lines -> ``(gpu index or None, xid)`` for each NVRM Xid line (SXids, from
-    NVSwitches, are left out). ``bus_ids``: index -> bus id as NVML prints it; a line whose bus
-    id matches none gives ``None`` (node-level)."""
+    """``/dev/kmsg`` record bodies -> ``(gpu index, xid)`` for each record that BEGINS with the
+    NVIDIA driver's Xid header and names one of this node's GPUs (the classifier's parser,
+    :func:`slurm_ft.classify.parse.parse_xid`). ``bus_ids``: index -> bus id as NVML prints it.
+    An Xid-looking text anywhere else in a record (a process or file name the kernel printed), an
+    Xid without a bus id or with a bus id no GPU of this node has, and NVSwitch SXids are left
+    out: they name none of this node's GPUs, so they never fail the node."""
     from ..classify.parse import normalise_bus_id, parse_xid
 
     by_bus = {normalise_bus_id(b): i for i, b in bus_ids.items()}
     out: list[tuple[int | None, int]] = []
     for line in lines:
+        if "Xid" not in line:
+            continue
         hit = parse_xid(line.encode("utf-8", "replace"))
-        if hit is not None and hit.kind == "xid":
-            out.append((by_bus.get(hit.bus_id) if hit.bus_id else None, hit.xid))
+        if hit is not None and hit.kind == "xid" and hit.bus_id in by_bus:
+            out.append((by_bus[hit.bus_id], hit.xid))
     return out
 
 

@@ -43,7 +43,18 @@ def m002_ft_options(db: sqlite_utils.Database) -> None:
     db["jobs"].add_column("ft_options", str)
 
 
-MIGRATIONS = [("001_initial", m001_initial), ("002_ft_options", m002_ft_options)]
+def m003_action_uid_dead_letters(db: sqlite_utils.Database) -> None:
+    """``actions.uid``: the unique id a writer gives an action when it intends it; an update
+    (:meth:`Journal.finish`) finds its row by it, whichever process applied the insert.
+    ``dead_letters``: spooled writes the database refused, set aside (never retried) and reported
+    by ``slurm-ft doctor``: ``op`` is the write as JSON, ``error`` why it was refused."""
+    db["actions"].add_column("uid", str)
+    db["actions"].create_index(["uid"], index_name="actions_uid", unique=True)
+    db["dead_letters"].create({"id": int, "created": float, "op": str, "error": str}, pk="id")
+
+
+MIGRATIONS = [("001_initial", m001_initial), ("002_ft_options", m002_ft_options),
+              ("003_action_uid_dead_letters", m003_action_uid_dead_letters)]
 
 
 def apply(db: sqlite_utils.Database) -> list[str]:

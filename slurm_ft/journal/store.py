@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import sqlite_utils
 
 from ..errors import ConfigError, JournalError
-from . import migrations
+from . import boundary, migrations
 
 log = logging.getLogger(__name__)
 
@@ -139,16 +139,46 @@ COLUMNS = {
     "attempts": ("job_id", "attempt", "nodes", "start", "end", "exit_code", "signal", "state", "updated"),
     "verdicts": ("job_id", "attempt", "node", "verdict", "rule", "xids", "evidence", "action", "exit_code", "source",
                  "created"),
-    "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished"),
+    "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished", "uid"),
     "health": ("node", "job_id", "check_name", "status", "gpu", "measurement", "value", "detail", "created"),
     "mailbox_seen": ("node", "key", "seen"),
 }
 PKS = {"jobs": ("job_id",), "attempts": ("job_id", "attempt")}
+#: The kinds of write :meth:`Journal._write` applies, and the parts of an op that carry a row.
+OPS = ("insert", "insert_ignore", "upsert", "update", "close_before")
+ROW_PARTS = ("row", "first", "fields")
+#: Columns a written row must carry (the spool's overlay and the reads key on them).
+REQUIRED = {"jobs": ("job_id",), "attempts": ("job_id", "attempt"), "verdicts": ("job_id", "attempt", "node"),
+            "actions": ("job_id", "attempt", "action", "status", "uid"), "health": ("node",),
+            "mailbox_seen": ("node", "key")}
 
 
-def _locked(exc: sqlite3.Error) -> bool:
+def _locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and any(
         w in str(exc).lower() for w in ("locked", "busy"))
+
+
+def _the_journals_fault(exc: BaseException) -> bool:
+    """True when ``exc`` says the database itself cannot take writes now (locked, disk full, I/O
+    error, corrupt): the write is kept and tried again. Anything else (a constraint, a value, a
+    malformed op) is the one write's fault: it is set aside (:meth:`Journal.flush`)."""
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+        exc, (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError, sqlite3.ProgrammingError))
+
+
+def _json_list(text: Any) -> list:
+    """A JSON list column as a list ([] for NULL, or for a row another tool wrote that is not one)."""
+    try:
+        v = json.loads(text or "[]")
+    except (TypeError, ValueError):
+        return []
+    return v if isinstance(v, list) else []
+
+
+def _decode_text(b: bytes) -> str:
+    """How the journal reads TEXT: a row written by another tool with bytes that are not UTF-8
+    still reads (U+FFFD), never a sqlite3 'Could not decode' error."""
+    return b.decode("utf-8", "replace")
 
 
 class Journal:
@@ -160,8 +190,7 @@ class Journal:
         self._spool = None if readonly else Path(f"{self.path}.spool")
         self._spooling = spool and not readonly
         self._pending: list[dict] = []     # this connection's writes not yet in the database, in order
-        self._ids: dict[int, int] = {}     # temporary action id (negative) -> its row id once applied
-        self._tmp_uid: dict[int, str] = {}
+        self._uids: dict[int, str] = {}    # temporary action id (negative, still spooled) -> its row uid
         self._next_tmp = -1
         self._mode, self._gid = 0o600, None
         if readonly:
@@ -170,6 +199,7 @@ class Journal:
             self._gid = resolve_group(read_group)
             self._mode = 0o600 if self._gid is None else 0o640
             conn = self._connect_writer(self._gid)
+        conn.text_factory = _decode_text
         try:
             self.db = sqlite_utils.Database(conn)
             if readonly and "_migrations" not in self.db.table_names():
@@ -277,8 +307,13 @@ class Journal:
     def _guard(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
             raise JournalError(f"{self.path}: {exc}") from None
+
+    def _rows(self, sql: str, args: Iterable[Any] = ()) -> list[dict]:
+        """The rows of one query; its parameters pass the boundary (:func:`boundary.params`)."""
+        bound = boundary.params(args)
+        return self._guard(lambda: list(self.db.query(sql, bound)))
 
     # -- writes: one path, with the spool ---------------------------------------------------
     @property
@@ -286,104 +321,173 @@ class Journal:
         """Writes of this connection waiting in the spool (0: everything is in the database)."""
         return len(self._pending)
 
-    def _write(self, op: dict) -> None:
+    def _clean(self, op: Any) -> dict:
+        """``op`` with every row it carries passed through the journal boundary
+        (:func:`boundary.clean_row`) and its shape checked. Raises :class:`JournalError` for a
+        malformed op (a torn or foreign spool line) or a value that cannot be stored."""
+        bad = JournalError(f"{self.path}: malformed journal write")
+        if not isinstance(op, dict) or op.get("op") not in OPS or op.get("table") not in COLUMNS \
+                or not isinstance(op.get("uid"), str):
+            raise bad
+        table, kind = op["table"], op["op"]
+        out = {**op, "uid": boundary.text(op["uid"], 64)}
+        for part in ROW_PARTS:
+            if part in op:
+                if not isinstance(op[part], dict):
+                    raise bad
+                out[part] = boundary.clean_row(table, op[part], COLUMNS[table])
+        if table == "actions" and kind == "insert" and "row" in out:
+            out["row"].setdefault("uid", out["uid"])    # updates find the row by it, whoever applied it
+        if kind in ("insert", "insert_ignore", "upsert"):
+            if not all(k in out.get("row", {}) for k in REQUIRED[table]):
+                raise bad
+            if kind == "upsert" and table not in PKS:
+                raise bad
+        elif kind == "update":
+            ref, rowid = op.get("ref"), op.get("id")
+            if table != "actions" or not out.get("fields") or not (
+                    isinstance(ref, str) or (isinstance(rowid, int) and not isinstance(rowid, bool))):
+                raise bad
+            if isinstance(ref, str):
+                out["ref"] = boundary.text(ref, 64)
+            else:
+                out["id"] = boundary.value(rowid)
+        elif kind == "close_before":
+            if table != "attempts" or not all(isinstance(op.get(k), (int, float)) and not isinstance(op.get(k), bool)
+                                              for k in ("job_id", "attempt", "t")):
+                raise bad
+            out.update({k: boundary.value(op[k]) for k in ("job_id", "attempt", "t")})
+        if "tmp" in op and not (isinstance(op["tmp"], int) and not isinstance(op["tmp"], bool)):
+            raise bad
+        return out
+
+    def _write(self, op: dict) -> int | None:
         """Apply one write (``op``: insert / insert_ignore / upsert / update / close_before), or,
-        with a spool, put it there when the database is locked. Order is kept: while anything
-        waits in the spool, new writes wait behind it (one lock wait, not one per write), until
-        :meth:`flush` (the daemon calls it each cycle; any writer opening the journal does)."""
+        with a spool, put it there when the database is locked. Every write passes the journal
+        boundary here first (:meth:`_clean`): what is applied or spooled is always storable.
+        Order is kept: while anything waits in the spool, new writes wait behind it (one lock
+        wait, not one per write), until :meth:`flush` (the daemon calls it each cycle; any writer
+        opening the journal does). Returns the new row's id when an insert was applied now.
+        Raises :class:`JournalError` only."""
         import uuid
 
         op["uid"] = uuid.uuid4().hex
-        if not self._spooling:
+        op = self._clean(op)
+        if not self._spooling or not self._pending:  # else it waits behind them: flush() applies all
             try:
-                self._apply_ops([op])
-            except sqlite3.DatabaseError as exc:
-                raise JournalError(f"{self.path}: {exc}") from None
-            return
-        if not self._pending:   # else it waits behind them: flush() applies them all, in order
-            try:
-                self._apply_ops([op])
-                return
-            except sqlite3.DatabaseError as exc:
-                if not _locked(exc):
+                return self._apply_ops([op]).get(op["uid"])
+            except Exception as exc:  # noqa: BLE001 - the boundary: JournalError only
+                if not (self._spooling and _locked(exc)):
                     raise JournalError(f"{self.path}: {exc}") from None
         self._pending.append(op)
         self._spool_append(op)
+        return None
 
     def flush(self) -> bool:
         """Apply what waits in the spool (this connection's and any other process's); True when
-        nothing waits any more. Never blocks longer than the busy timeout."""
+        nothing waits any more. Never blocks longer than the busy timeout.
+
+        A spooled write the database refuses for its own sake (a constraint, a malformed or
+        unstorable op) is **set aside** in the ``dead_letters`` table, logged, and the rest are
+        applied: one bad write never blocks the writes behind it nor makes a flush fail again
+        (``slurm-ft doctor`` reports dead letters). Raises :class:`JournalError` only, when the
+        journal itself cannot take writes (not when it is merely locked: then False)."""
         if self._spool is None:
             return True
-        if not self._spool.exists():
-            self._pending = []          # nothing spooled, or another writer applied it already
-            return True
         try:
+            if not self._spool.exists():
+                self._pending = []          # nothing spooled, or another writer applied it already
+                return True
             with self._spool_lock():
                 ops = self._read_spool()
                 if not ops:
                     self._pending = []
                     return True
                 mine = {op["uid"] for op in self._pending}
-                self._apply_ops(ops)
+                self._apply_ops(ops, set_aside=True)
                 os.unlink(self._spool)
             self._pending = [op for op in self._pending if op["uid"] not in mine]
             return True
-        except sqlite3.DatabaseError as exc:
-            if not _locked(exc):
-                raise JournalError(f"{self.path}: {exc}") from None
-            return False
         except OSError as exc:
             raise JournalError(f"{self.path}.spool: {exc.strerror}") from None
+        except Exception as exc:  # noqa: BLE001 - the boundary: JournalError only
+            if _locked(exc):
+                return False
+            raise JournalError(f"{self.path}: {exc}") from None
 
-    def _apply_ops(self, ops: list[dict]) -> None:
-        """All ``ops`` in one transaction (BEGIN IMMEDIATE: waits at most the busy timeout)."""
+    def _apply_ops(self, ops: list, *, set_aside: bool = False) -> dict[str, int]:
+        """All ``ops`` in one transaction (BEGIN IMMEDIATE: waits at most the busy timeout);
+        returns {op uid: new row id} of the inserts. With ``set_aside`` (the spool) each op runs
+        in a savepoint and one that fails for its own sake goes to ``dead_letters`` instead."""
         conn = self.db.conn
         conn.execute("BEGIN IMMEDIATE")
         ids: dict[str, int] = {}
         try:
             for op in ops:
-                rowid = self._apply_op(conn, op, ids)
+                if not set_aside:
+                    rowid = self._apply_op(conn, op)
+                else:
+                    conn.execute("SAVEPOINT one_write")
+                    try:
+                        op = self._clean(op)
+                        rowid = self._apply_op(conn, op)
+                    except Exception as exc:  # noqa: BLE001 - set aside, whatever it is
+                        if _the_journals_fault(exc):
+                            raise
+                        conn.execute("ROLLBACK TO one_write")
+                        self._set_aside(conn, op, exc)
+                        rowid = None
+                    conn.execute("RELEASE one_write")
                 if rowid is not None:
                     ids[op["uid"]] = rowid
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        for tmp, uid in list(self._tmp_uid.items()):
-            if uid in ids:
-                self._ids[tmp] = ids[uid]
-                del self._tmp_uid[tmp]
-        self._last_ids = ids
+        return ids
 
-    def _apply_op(self, conn: sqlite3.Connection, op: dict, ids: dict[str, int]) -> int | None:
+    def _set_aside(self, conn: sqlite3.Connection, op: Any, exc: BaseException) -> None:
+        """Keep a refused spooled write in ``dead_letters`` (bounded, valid text) and log it."""
+        try:
+            text = json.dumps(op, sort_keys=True, default=str)
+        except (TypeError, ValueError):
+            text = repr(op)
+        error = boundary.text(f"{type(exc).__name__}: {exc}", 1024)
+        conn.execute("INSERT INTO dead_letters (created, op, error) VALUES (?, ?, ?)",
+                     [self.clock(), boundary.text(text), error])
+        log.warning("%s: a spooled write was refused and set aside in dead_letters (%s); "
+                    "see `slurm-ft doctor`", self.path, error)
+
+    def _apply_op(self, conn: sqlite3.Connection, op: dict) -> int | None:
         table, kind = op["table"], op["op"]
-        cols = COLUMNS[table]
         if kind in ("insert", "insert_ignore"):
-            row = {k: v for k, v in op["row"].items() if k in cols}
+            row = op["row"]
+            names, marks = ", ".join(row), ", ".join("?" * len(row))
+            if table == "actions" and row.get("uid"):
+                # idempotent: a spool applied twice (a crash between commit and unlink) adds nothing
+                cur = conn.execute(f"INSERT INTO actions ({names}) VALUES ({marks}) ON CONFLICT(uid) DO NOTHING",
+                                   list(row.values()))
+                if cur.rowcount == 0:
+                    return conn.execute("SELECT id FROM actions WHERE uid = ?", [row["uid"]]).fetchone()[0]
+                return cur.lastrowid
             verb = "INSERT OR IGNORE" if kind == "insert_ignore" else "INSERT"
-            cur = conn.execute(f"{verb} INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                               list(row.values()))
+            cur = conn.execute(f"{verb} INTO {table} ({names}) VALUES ({marks})", list(row.values()))
             return cur.lastrowid if kind == "insert" else None
         if kind == "upsert":
-            row = {k: v for k, v in op["row"].items() if k in cols}
-            first = {k: v for k, v in op.get("first", {}).items() if k in cols}
-            pk = PKS[table]
+            row, first, pk = op["row"], op.get("first", {}), PKS[table]
             allcols = {**first, **row}
             sets = ", ".join(f"{k} = excluded.{k}" for k in row if k not in pk) or f"{pk[0]} = {pk[0]}"
             conn.execute(f"INSERT INTO {table} ({', '.join(allcols)}) VALUES ({', '.join('?' * len(allcols))}) "
                          f"ON CONFLICT({', '.join(pk)}) DO UPDATE SET {sets}", list(allcols.values()))
             return None
         if kind == "update":
-            rowid = op.get("id")
-            if op.get("ref"):
-                rowid = ids.get(op["ref"])
-                if rowid is None:
-                    log.warning("%s: spooled update of an unknown row (%s) dropped", self.path, op["ref"])
-                    return None
-            fields = {k: v for k, v in op["fields"].items() if k in cols}
-            conn.execute(f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
-                         [*fields.values(), rowid])
+            fields = op["fields"]
+            key, ref = ("uid", op["ref"]) if op.get("ref") else ("id", op.get("id"))
+            cur = conn.execute(f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE {key} = ?",
+                               [*fields.values(), ref])
+            if cur.rowcount == 0 and key == "uid":
+                raise LookupError(f"update of action {ref}, which is not in the journal")
             return None
         if kind == "close_before":
             conn.execute("UPDATE attempts SET end = ?, state = 'REQUEUED', updated = ? "
@@ -409,31 +513,45 @@ class Journal:
 
     def _load_spool(self) -> None:
         """Take what waits in the spool as this connection's own pending writes (their temporary
-        action ids too), so its reads see them before they reach the database."""
+        action ids too), so its reads see them before they reach the database. Lines that do not
+        pass the boundary are left for :meth:`flush` to set aside."""
         try:
             with self._spool_lock():
-                self._pending = self._read_spool()
+                ops = self._read_spool()
         except OSError:
             return
+        self._pending = []
+        for op in ops:
+            try:
+                self._pending.append(self._clean(op))
+            except JournalError:
+                continue
         for op in self._pending:
             if "tmp" in op:
-                self._tmp_uid[op["tmp"]] = op["uid"]
+                self._uids[op["tmp"]] = op["uid"]
                 self._next_tmp = min(self._next_tmp, op["tmp"] - 1)
 
-    def _read_spool(self) -> list[dict]:
+    def _read_spool(self) -> list:
+        """Every line of the spool, in order: a write (a dict with a ``uid``), or, for a line
+        that is not one (torn by a crash, foreign), a dict :meth:`flush` sets aside."""
+        import uuid
+
         try:
             fd = os.open(self._spool, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return []
-        with os.fdopen(fd) as fh:
+        with os.fdopen(fd, "rb") as fh:
             ops = []
-            for line in fh:
+            for raw in fh:
+                if not raw.strip():
+                    continue
                 try:
-                    op = json.loads(line)
-                    if isinstance(op, dict) and op.get("table") in COLUMNS and "uid" in op:
-                        ops.append(op)
+                    op = json.loads(raw)
                 except ValueError:
-                    log.warning("%s: unreadable line skipped", self._spool)
+                    op = None
+                if not isinstance(op, dict) or not isinstance(op.get("uid"), str):
+                    op = {"op": "unreadable", "line": boundary.text(raw, 4096), "uid": uuid.uuid4().hex}
+                ops.append(op)
         return ops
 
     def _spool_append(self, op: dict) -> None:
@@ -454,6 +572,21 @@ class Journal:
         """This connection's spooled writes to ``table`` whose row satisfies ``match``."""
         return [op for op in self._pending if op["table"] == table and match(op)]
 
+    # -- dead letters ------------------------------------------------------------------------
+    def dead_letters(self, limit: int = 100) -> list[dict]:
+        """Spooled writes the database refused and :meth:`flush` set aside, newest first:
+        ``[{id, created, op, error}]`` (``op``: the write as JSON text). [] for a journal from
+        before dead letters existed."""
+        if "dead_letters" not in self._guard(self.db.table_names):
+            return []
+        return self._rows("SELECT * FROM dead_letters ORDER BY id DESC LIMIT ?", [int(limit)])
+
+    def dead_letter_count(self) -> int:
+        """How many writes have been set aside (``slurm-ft doctor`` warns when any have)."""
+        if "dead_letters" not in self._guard(self.db.table_names):
+            return 0
+        return self._guard(lambda: self.db.execute("SELECT count(*) FROM dead_letters").fetchone()[0])
+
     # -- jobs --------------------------------------------------------------------------
     def upsert_job(self, job_id: int, **fields: Any) -> None:
         now = self.clock()
@@ -461,7 +594,7 @@ class Journal:
                      "first": {"created": now}})
 
     def job(self, job_id: int) -> dict | None:
-        rows = self._guard(lambda: list(self.db.query("SELECT * FROM jobs WHERE job_id = ?", [job_id])))
+        rows = self._rows("SELECT * FROM jobs WHERE job_id = ?", [job_id])
         row = rows[0] if rows else None
         for op in self._overlay("jobs", lambda o: o["row"]["job_id"] == job_id):
             base = row if row is not None else {c: None for c in COLUMNS["jobs"]} | op.get("first", {})
@@ -489,8 +622,8 @@ class Journal:
                      "t": self.clock()})
 
     def attempts(self, job_id: int) -> list[dict]:
-        rows = {r["attempt"]: r for r in self._guard(
-            lambda: list(self.db.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", [job_id])))}
+        rows = {r["attempt"]: r for r in self._rows("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt",
+                                                     [job_id])}
         for op in self._pending:
             if op["table"] != "attempts":
                 continue
@@ -508,10 +641,11 @@ class Journal:
                     xids: Iterable[dict] = (), evidence: Iterable[str] = (), action: str = "none",
                     exit_code: int | None = None, source: str = "epilog", created: float | None = None) -> bool:
         """Record one node's verdict for one attempt. Returns False if it was already recorded."""
-        if any(v["node"] == node for v in self.verdicts(job_id, attempt)):
+        clean_node = boundary.value(node)
+        if any(v["node"] == clean_node for v in self.verdicts(job_id, attempt)):
             return False
         row = {"job_id": job_id, "attempt": attempt, "node": node, "verdict": verdict, "rule": rule,
-               "xids": json.dumps(list(xids)), "evidence": json.dumps(list(evidence)), "action": action,
+               "xids": list(xids), "evidence": list(evidence), "action": action,
                "exit_code": exit_code, "source": source, "created": created or self.clock()}
         self._write({"op": "insert_ignore", "table": "verdicts", "row": row})
         return True
@@ -533,7 +667,7 @@ class Journal:
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
-        rows = self._guard(lambda: list(self.db.query(sql + " ORDER BY attempt, node", args)))
+        rows = self._rows(sql + " ORDER BY attempt, node", args)
         pending = [dict(op["row"]) for op in self._overlay(
             "verdicts", lambda o: o["row"]["job_id"] == job_id and (attempt is None or o["row"]["attempt"] == attempt))]
         if pending:
@@ -541,8 +675,7 @@ class Journal:
             rows += [r for r in pending if (r["attempt"], r["node"]) not in have]
             rows.sort(key=lambda r: (r["attempt"], r["node"]))
         for r in rows:
-            r["xids"] = json.loads(r["xids"] or "[]")
-            r["evidence"] = json.loads(r["evidence"] or "[]")
+            r["xids"], r["evidence"] = _json_list(r["xids"]), _json_list(r["evidence"])
         return rows
 
     def recent_xid_verdicts(self, since: float, *, limit: int = 1000, scan: int = 10000) -> list[dict]:
@@ -553,38 +686,43 @@ class Journal:
         sql = ("SELECT job_id, attempt, node, created, xids FROM verdicts"
                " WHERE id > (SELECT COALESCE(MAX(id), 0) FROM verdicts) - ? AND created >= ?"
                " AND xids IS NOT NULL AND xids NOT IN ('', '[]') ORDER BY id DESC LIMIT ?")
-        rows = self._guard(lambda: list(self.db.query(sql, [int(scan), float(since), int(limit)])))
+        rows = self._rows(sql, [int(scan), float(since), int(limit)])
         for r in rows:
-            try:
-                r["xids"] = json.loads(r["xids"] or "[]")
-            except ValueError:
-                r["xids"] = []
+            r["xids"] = _json_list(r["xids"])
         return rows
 
     # -- actions -------------------------------------------------------------------------
     def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "") -> int:
         """Record an action about to be taken (status 'intent'); returns its id (a negative,
-        temporary one while the row waits in the spool; :meth:`finish` takes either)."""
+        temporary one while the row waits in the spool; :meth:`finish` takes either).
+
+        The row carries a unique ``uid`` (a fresh UUID): an update of a row still in the spool
+        finds it by that, whichever process applies the insert (by row id it could not: the id
+        exists only once some process has applied the insert, and that process may be another).
+        Raises :class:`JournalError`."""
         op = {"op": "insert", "table": "actions", "row": {
             "job_id": job_id, "attempt": attempt, "action": action, "target": target, "detail": detail,
             "status": "intent", "created": self.clock()}}
         op["tmp"] = tmp = self._next_tmp     # its id while it waits in the spool
-        self._write(op)
-        if op in self._pending:
+        rowid = self._write(op)
+        if rowid is None:
             self._next_tmp -= 1
-            self._tmp_uid[tmp] = op["uid"]
+            self._uids[tmp] = op["uid"]
             return tmp
-        return self._last_ids[op["uid"]]
+        return rowid
 
     def finish(self, action_id: int, status: str = "done", detail: str | None = None) -> None:
+        """Set the status (``done``, ``failed``, ``skipped``...) of action ``action_id`` (from
+        :meth:`intend`, or a row's ``id``): a temporary id updates the row by its ``uid``, a row
+        id by the row's own primary key. Raises :class:`JournalError`."""
         fields: dict[str, Any] = {"status": status, "finished": self.clock()}
         if detail is not None:
             fields["detail"] = detail
         op: dict[str, Any] = {"op": "update", "table": "actions", "fields": fields}
-        if action_id < 0 and action_id in self._tmp_uid:
-            op["ref"] = self._tmp_uid[action_id]
+        if action_id in self._uids:
+            op["ref"] = self._uids[action_id]
         else:
-            op["id"] = self._ids.get(action_id, action_id)
+            op["id"] = boundary.value(action_id)
         self._write(op)
 
     def record(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "",
@@ -601,7 +739,7 @@ class Journal:
             if op["table"] != "actions":
                 continue
             if op["op"] == "insert" and match(op["row"]):
-                rows.append({"id": op.get("tmp", 0), "finished": None, **op["row"], "_uid": op["uid"]})
+                rows.append({"id": op.get("tmp", 0), "finished": None, **op["row"]})
             elif op["op"] == "update":
                 updates.append(op)
         return rows, updates
@@ -610,15 +748,14 @@ class Journal:
         if not self._pending:
             return rows
         extra, updates = self._pending_actions(match)
-        by_uid = {r["_uid"]: r for r in extra}
+        by_uid = {r["uid"]: r for r in rows + extra if r.get("uid")}
         by_id = {r["id"]: r for r in rows}
         for op in updates:
             target = by_uid.get(op["ref"]) if op.get("ref") else by_id.get(op.get("id"))
             if target is not None:
                 target.update(op["fields"])
-        for r in extra:
-            del r["_uid"]
-        return rows + extra
+        have = {r.get("uid") for r in rows}
+        return rows + [r for r in extra if r["uid"] not in have]
 
     def actions(self, job_id: int, attempt: int | None = None) -> list[dict]:
         sql = "SELECT * FROM actions WHERE job_id = ?"
@@ -626,7 +763,7 @@ class Journal:
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
-        rows = self._guard(lambda: list(self.db.query(sql + " ORDER BY id", args)))
+        rows = self._rows(sql + " ORDER BY id", args)
         return self._with_pending(rows, lambda r: r["job_id"] == job_id
                                   and (attempt is None or r["attempt"] == attempt))
 
@@ -645,7 +782,7 @@ class Journal:
         return sum(1 for a in self.actions(job_id) if a["action"] == "failover" and a["status"] == "done")
 
     def pending_intents(self) -> list[dict]:
-        rows = self._guard(lambda: list(self.db.query("SELECT * FROM actions WHERE status = 'intent' ORDER BY id")))
+        rows = self._rows("SELECT * FROM actions WHERE status = 'intent' ORDER BY id")
         rows = self._with_pending(rows, lambda r: True)
         return [r for r in rows if r["status"] == "intent"]
 
@@ -685,10 +822,10 @@ class Journal:
 
     # -- mailbox bookkeeping (daemon side) -------------------------------------------------
     def mailbox_seen(self, node: str, key: str) -> bool:
+        node, key = boundary.value(node), boundary.value(key)
         if self._overlay("mailbox_seen", lambda o: o["row"]["node"] == node and o["row"]["key"] == key):
             return True
-        return bool(self._guard(lambda: list(self.db.query(
-            "SELECT 1 FROM mailbox_seen WHERE node = ? AND key = ?", [node, key]))))
+        return bool(self._rows("SELECT 1 FROM mailbox_seen WHERE node = ? AND key = ?", [node, key]))
 
     def mark_mailbox_seen(self, node: str, key: str) -> None:
         self._write({"op": "insert_ignore", "table": "mailbox_seen", "row": {"node": node, "key": key,

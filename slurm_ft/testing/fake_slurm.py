@@ -17,7 +17,9 @@ Measured behaviour modelled here:
   ``requeuehold`` + ``release`` sends a job to the back of the queue);
 - a prolog failure requeues the job held (``launch_failed_requeued_held``, priority 0, +121 s);
 - a lost node (NODE_FAIL): its running requeueable jobs are requeued by Slurm (+121 s), others
-  end ``NODE_FAIL``; no epilog runs there;
+  end ``NODE_FAIL``; no epilog runs there; the node is DOWN + NOT_RESPONDING, and with
+  ``failed_node=True`` (Slurm >= 23.02, e.g. 24.11) the job's record names it (``FailedNode=``,
+  ``failed_node``) until the job starts again; 22.05 (the default) names none;
 - ``squeue --json`` (``jobs()``) is one full job-info RPC whatever its filter; ``scontrol show job
   J`` (``job()``) is a single-job RPC; ``sinfo --json`` (``nodes()``) a node and a partition RPC.
 """
@@ -107,6 +109,7 @@ class FakeJob:
     catches_signal: bool = True
     #: verdict records an epilog of the current attempt will post: node -> mailbox.Record
     verdicts: dict[str, mailbox.Record] = field(default_factory=dict)
+    failed_node: str = ""               # Slurm >= 23.02: the node whose failure ended the attempt
 
     @property
     def ended(self) -> bool:
@@ -145,8 +148,9 @@ class Fault:
 
 class FakeSlurm:
     def __init__(self, nodes: int | list[str] = 4, clock: FakeClock | None = None, *, partition: str = "gpu",
-                 mailbox_field: str = "Extra", mailbox_keep: int = 16):
+                 mailbox_field: str = "Extra", mailbox_keep: int = 16, failed_node: bool = False):
         self.clock = clock or FakeClock()
+        self.failed_node = failed_node   # print FailedNode (Slurm >= 23.02) in job records
         names = [f"n{i}" for i in range(1, nodes + 1)] if isinstance(nodes, int) else list(nodes)
         self.node_recs: dict[str, FakeNode] = {n: FakeNode(n) for n in names}
         self.partition = partition
@@ -221,6 +225,7 @@ class FakeSlurm:
                 job.reason = "Resources"
                 continue
             job.state, job.reason, job.nodes, job.start = "RUNNING", "None", free[:job.node_count], now
+            job.failed_node = ""
             job.end, job.exit_status, job.verdicts = 0.0, 0, {}
             self.events.append(("prolog_slurmctld", job.job_id, job.restart, compress_nodes(job.nodes)))
             started.append(job.job_id)
@@ -303,6 +308,7 @@ class FakeSlurm:
         for job in self.jobs_by_id.values():
             if job.state == "RUNNING" and node in job.nodes:
                 job.end = self.clock()
+                job.failed_node = node
                 if job.requeue:
                     self._count_requeue(job, "node_fail")
                     job.state, job.reason, job.restart = "PENDING", "BeginTime", job.restart + 1
@@ -591,6 +597,7 @@ class FakeSlurm:
             "required_nodes": compress_nodes(j.required), "partition": self.partition,
             "node_count": j.node_count, "time_limit": j.time_limit_min if j.time_limit_min else 4294967294,
             "dependency": j.dependency, "resv_name": "", "features": "", "shared": None,
+            **({"failed_node": j.failed_node} if self.failed_node and j.failed_node else {}),
         })
 
     def _node_json(self, r: FakeNode) -> dict:
