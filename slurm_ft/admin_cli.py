@@ -22,27 +22,39 @@ def _default_conf_dir() -> str:
 
 
 # ------------------------------------------------------------------------------------ install
+# Roles and components are checked by slurm_ft.install.components_for (the table is package data,
+# read only when `install` runs: a broken table cannot break the other commands).
 @click.command("install")
+@click.option("--role", "role_names", multiple=True, metavar="ROLE",
+              help="This host's role (repeatable for a host with two): controller (job_submit.lua, the ctld "
+                   "event hook and its tmpfiles.d entry, the daemon's unit), compute (prolog/epilog wrappers), "
+                   "login; all get cli_filter.lua, the SPANK plugin and the config (slurm_ft/data/install/roles.toml).")
 @click.option("--prefix", default="/", show_default=True, type=click.Path(file_okay=False),
               help="Install below this directory instead of / (tests, packaging).")
 @click.option("--dry-run", is_flag=True, help="Print what would be done; write nothing.")
-@click.option("--only", "only", multiple=True, type=click.Choice(["wrappers", "lua", "spank", "systemd", "config"]),
-              help="Only these components (repeatable); default: all of them.")
+@click.option("--only", "only", multiple=True, metavar="COMPONENT",
+              help="Only these components (repeatable; experts), instead of --role: wrappers, job_submit, cli_filter, "
+                   "spank, ctld_event, systemd, config; lua: job_submit and cli_filter.")
 @click.option("--slurm-conf-dir", default=_default_conf_dir, show_default="directory of $SLURM_CONF, else /etc/slurm",
               help="Where slurm.conf is: job_submit.lua, cli_filter.lua and plugstack.conf.d/ go there.")
+@click.option("--slurm-user", metavar="USER",
+              help="Who runs the ctld event hook and owns its events directory (default: SlurmUser of slurm.conf).")
 @click.option("--force", is_flag=True,
               help="Replace files slurm-ft did not write or an admin edited (the old file is kept as "
                    "NAME.slurm-ft-old); default: leave them and write NAME.slurm-ft-new beside them.")
 @click.option("--uninstall", is_flag=True,
-              help="Remove the files slurm-ft installed and nobody edited; keep the config and journals.")
+              help="Remove the files slurm-ft installed and nobody edited (of --role/--only; default: all); keep "
+                   "the config and journals; warn on stderr about slurm.conf lines that still name them.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="Config whose [failover] retries/max_retries go into job_submit.lua (default: lookup order; "
-                   "with --prefix: PREFIX/etc/slurm-ft/slurm-ft.toml if there).")
-def install_command(prefix: str, dry_run: bool, only: tuple[str, ...], slurm_conf_dir: str, force: bool,
-                    uninstall: bool, config_path: str | None) -> None:
-    """Install slurm-ft beside Slurm on this node or controller, from the installed package:
-    prolog/epilog wrappers (naming this venv's Python), job_submit.lua and cli_filter.lua, the
-    SPANK plugin's source and plugstack.conf.d entry, the daemon's systemd unit, a default
+              help="Config whose [failover] retries/max_retries (job_submit.lua) and events_dir (the ctld hook) "
+                   "are used (default: lookup order; with --prefix: PREFIX/etc/slurm-ft/slurm-ft.toml if there).")
+def install_command(role_names: tuple[str, ...], prefix: str, dry_run: bool, only: tuple[str, ...],
+                    slurm_conf_dir: str, slurm_user: str | None, force: bool, uninstall: bool,
+                    config_path: str | None) -> None:
+    """Install slurm-ft beside Slurm on this host, from the installed package, for its --role
+    (controller, compute, login): prolog/epilog wrappers (naming this venv's Python),
+    job_submit.lua and cli_filter.lua, the SPANK plugin's source and plugstack.conf.d entry, the
+    ctld event hook with its tmpfiles.d entry, the daemon's systemd unit, a default
     /etc/slurm-ft/slurm-ft.toml. Idempotent; files others wrote or edited are never overwritten
     without --force. Run as root. Exit 1 when a file was left in conflict."""
     from . import install as inst
@@ -51,7 +63,8 @@ def install_command(prefix: str, dry_run: bool, only: tuple[str, ...], slurm_con
     try:
         if real and not dry_run and os.geteuid() != 0:
             raise inst.InstallError("run as root (or --dry-run, or --prefix DIR)")
-        components = only or inst.COMPONENTS
+        components = (inst.COMPONENTS if uninstall and not role_names and not only
+                      else inst.components_for(role_names, only))
         if config_path:
             cfg = config_mod.load(config_path)
         elif real:
@@ -59,8 +72,15 @@ def install_command(prefix: str, dry_run: bool, only: tuple[str, ...], slurm_con
         else:
             staged = Path(prefix) / inst.assets.CONFIG_PATH.lstrip("/")
             cfg = config_mod.load(staged) if staged.is_file() else config_mod.Config()
+        if slurm_user is None and "ctld_event" in components and not uninstall:
+            conf = inst.read_slurm_conf(prefix, slurm_conf_dir)
+            if conf is None:
+                raise inst.InstallError(f"{Path(slurm_conf_dir) / 'slurm.conf'}: not readable; its SlurmUser runs "
+                                        f"the ctld event hook: give it with --slurm-user USER")
+            slurm_user = inst.slurm_user(conf)
         items = inst.plan(components=components, slurm_conf_dir=slurm_conf_dir,
-                          max_retries=cfg.failover.max_retries, default_retries=cfg.failover.retries)
+                          max_retries=cfg.failover.max_retries, default_retries=cfg.failover.retries,
+                          events_dir=cfg.failover.events_dir, slurm_user=slurm_user or "root")
         if not uninstall and {"wrappers", "systemd"} & set(components):
             import slurm_ft
             for what, path in (("Python", venv_python()), ("slurm_ft package", Path(slurm_ft.__file__).parent)):
@@ -77,15 +97,20 @@ def install_command(prefix: str, dry_run: bool, only: tuple[str, ...], slurm_con
         raise click.ClickException(terminal_safe(str(exc))) from None
     if dry_run:
         click.echo("dry run: nothing written")
-    if not uninstall and "lua" in components:
+    if role_names:
+        click.echo(f"role {'+'.join(role_names)}: {' '.join(components)}")
+    if not uninstall and "job_submit" in components:
         click.echo(f"job_submit.lua limits: max_retries={cfg.failover.max_retries} retries={cfg.failover.retries} "
                    f"(from {cfg.source or 'the built-in defaults'})")
     for o in outcomes:
         detail = f"  ({terminal_safe(o.detail)})" if o.detail else ""
         click.echo(f"{o.action:<9} {terminal_safe(str(o.target))}{detail}")
-    if not uninstall:
+    if uninstall:
+        for line in inst.uninstall_warnings(outcomes, prefix=prefix, slurm_conf_dir=slurm_conf_dir):
+            click.echo(f"warning: {terminal_safe(line)}", err=True)
+    else:
         click.echo("next steps:")
-        for step in inst.next_steps(items, outcomes):
+        for step in inst.next_steps(items, outcomes, components):
             click.echo(f"  {step}")
     if any(o.action == "conflict" for o in outcomes):
         raise SystemExit(1)
@@ -118,7 +143,8 @@ def doctor_command(role: str, slurm_conf: str | None, node: str | None, as_json:
              else frozenset(doc.ROLES) if role == "all" else frozenset({role}))
     env = doc.Env(roles=roles, cfg=cfg, cfg_error=cfg_error, conf=conf, conf_source=source, conf_dir=conf_dir,
                   host=host, nvml_probe=doc.nvml_probe_for(cfg) if cfg is not None else None,
-                  python_probe=doc.python_probe)
+                  python_probe=doc.python_probe, node_facts=doc.node_facts_probe_for(cfg) if cfg is not None else None,
+                  kernel_log_probe=doc.kernel_log_probe)
     checks = doc.run(env)
     if as_json:
         click.echo(json.dumps({"host": host, "roles": sorted(roles), "checks": [c.to_dict() for c in checks]},

@@ -8,6 +8,10 @@ One source for both users of them: ``slurm-ft install`` (a real cluster, docs/in
 * ``install/slurm-ft-prolog.in``, ``install/slurm-ft-epilog.in``: the scripts slurmd runs, with
   the absolute path of the Python that has slurm-ft (:func:`render_wrapper`);
 * ``install/slurm-ft-daemon.service.in``: the daemon's systemd unit (:func:`render_unit`);
+* ``install/slurm-ft-ctld-event``: the PrologSlurmctld/EpilogSlurmctld hook (POSIX sh), with the
+  config's events directory (:func:`render_ctld_event`); ``install/slurm-ft.tmpfiles.in``: the
+  tmpfiles.d(5) entry that recreates that directory at boot (:func:`render_tmpfiles`);
+* ``install/roles.toml``: which components each ``--role`` installs (:func:`roles_table`);
 * ``install/slurm-ft.toml``: the commented default config;
 * ``spank/slurm_ft_spank.c`` and its ``Makefile``: the SPANK plugin's source (built on the site).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+import tomllib
 from importlib import resources
 from pathlib import Path
 
@@ -27,10 +32,16 @@ LIBEXEC_DIR = "/usr/local/libexec/slurm-ft"
 SPANK_SRC_DIR = "/usr/local/src/slurm-ft/spank"
 SPANK_LIB = "/usr/local/lib/slurm-ft/slurm_ft_spank.so"
 UNIT_PATH = "/etc/systemd/system/slurm-ft-daemon.service"
+CTLD_EVENT_PATH = f"{LIBEXEC_DIR}/slurm-ft-ctld-event"
+TMPFILES_PATH = "/etc/tmpfiles.d/slurm-ft.conf"
 CONFIG_PATH = "/etc/slurm-ft/slurm-ft.toml"
 SLURM_CONF_DIR = "/etc/slurm"
 #: Characters a path rendered into a unit file or a shell script may hold (no quoting games).
 _PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._+/@:=,-]*$")
+#: A user name as useradd(8) accepts it (Debian's NAME_REGEX, without the trailing ``$``).
+_USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+#: The hook's events-directory line, as shipped (:func:`render_ctld_event` replaces its default).
+_EVENTS_LINE = "dir=${SLURM_FT_EVENTS_DIR:-/run/slurm-ft/events}\n"
 
 
 def data_text(name: str) -> str:
@@ -82,8 +93,10 @@ def slurm_ft_command() -> str:
 
 
 def render_wrapper(kind: str, python: str, installed_at: str) -> str:
-    """The prolog or epilog wrapper (``kind``: ``prolog``/``epilog``) that execs ``python -I -m
-    slurm_ft.<kind>``, and exits 1 (Slurm drains the node) when ``python`` is missing."""
+    """The prolog or epilog wrapper (``kind``: ``prolog``/``epilog``) that runs ``python -I -m
+    slurm_ft.<kind>`` and maps its status: 0 -> 0, ``boundary.EXIT_DRAIN`` -> 1 (Slurm drains the
+    node), anything else (``python`` missing, an import error, a signal) -> a syslog line and
+    ``[node_state] on_internal_error`` (0 for ``pass``, 1 for ``drain``)."""
     if kind not in ("prolog", "epilog"):
         raise ValueError(f"kind: prolog or epilog, got {kind!r}")
     return (data_text(f"install/slurm-ft-{kind}.in")
@@ -117,3 +130,29 @@ def render_plugstack_line(so: str = SPANK_LIB) -> str:
 def spank_sources() -> dict[str, str]:
     """The SPANK plugin's source files: name -> text."""
     return {name: data_text(f"spank/{name}") for name in ("slurm_ft_spank.c", "Makefile")}
+
+
+def render_ctld_event(events_dir: str = FailoverConfig.events_dir) -> str:
+    """The PrologSlurmctld/EpilogSlurmctld hook with ``events_dir`` (``[failover] events_dir``)
+    as its default directory. Raises ValueError for a path that is not plain."""
+    text = data_text("install/slurm-ft-ctld-event")
+    if text.count(_EVENTS_LINE) != 1:
+        raise ValueError("slurm-ft-ctld-event: its dir= line is not the one shipped")
+    return text.replace(_EVENTS_LINE, f"dir=${{SLURM_FT_EVENTS_DIR:-{plain_path(events_dir, 'events_dir')}}}\n")
+
+
+def render_tmpfiles(events_dir: str, slurm_user: str) -> str:
+    """The tmpfiles.d(5) entry: ``events_dir`` mode 0700, owned by ``slurm_user`` (SlurmUser:
+    slurmctld runs the hook as that user). Raises ValueError for a path that is not plain or a
+    name useradd(8) would refuse."""
+    if not _USER_NAME.match(slurm_user):
+        raise ValueError(f"SlurmUser: {slurm_user!r} is not a plain user name")
+    return (data_text("install/slurm-ft.tmpfiles.in").replace("@EVENTS_DIR@", plain_path(events_dir, "events_dir"))
+            .replace("@SLURM_USER@", slurm_user).replace("@TMPFILES@", TMPFILES_PATH))
+
+
+def roles_table() -> dict:
+    """``install/roles.toml`` parsed: ``{"components": {name: about}, "aliases": {name: [..]},
+    "roles": {role: {"about": str, "components": [..]}}}`` (tomllib; a broken file raises
+    tomllib.TOMLDecodeError)."""
+    return tomllib.loads(data_text("install/roles.toml"))

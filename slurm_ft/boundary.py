@@ -13,7 +13,9 @@ are its own business; :func:`root_entry` catches everything else — any excepti
   ``slurm-ft metrics`` on that host, slurm_ft.metrics);
 * the hook returns ``0`` under ``[node_state] on_internal_error = "pass"`` (the default: the job
   runs, the node stays in service) or ``1`` under ``"drain"`` (Slurm drains the node: "Prolog
-  error"/"Epilog error"; the watcher's status is read by nobody).
+  error"/"Epilog error"; the watcher's status is read by nobody). As a process, a hook exits
+  :data:`EXIT_DRAIN` for that 1, so that its wrapper can tell it from a crash before this
+  boundary (an import error), which the wrapper answers per the same setting.
 
 Reporting itself never raises: a node log, syslog or counter that cannot be written is skipped.
 """
@@ -30,8 +32,20 @@ import traceback
 
 #: The counter file under ``[node_state] dir``: ``{"prolog": 3, ...}``.
 COUNTER_FILE = "internal-errors.json"
+#: Another counter file of the same shape: epilogs that could not read the kernel log
+#: (``{"epilog": n}``; slurm_ft.epilog, ``slurm_ft_kernel_log_unavailable_total``).
+KERNEL_LOG_FILE = "kernel-log-unavailable.json"
 #: Exit status of a hook after an internal error, by ``[node_state] on_internal_error``.
 EXIT = {"pass": 0, "drain": 1}
+#: Exit status of a root entry *process* (``python -I -m slurm_ft.prolog`` / ``.epilog``) that
+#: refuses the job or drains the node on purpose: a failing health check, or an internal error
+#: under ``on_internal_error = "drain"`` (:func:`process_status`). The wrappers slurmd runs
+#: (``prolog/``, ``epilog/``; ``slurm_ft/data/install/slurm-ft-*.in``) turn it into 1 (Slurm
+#: drains the node) and every other non-zero status into a crash before this boundary (Python's
+#: 1 for an exception at import, 126/127 for a missing interpreter, 128+n for a signal), which
+#: they log to syslog and answer per ``on_internal_error`` themselves. Not 1 or 2: Python's own
+#: statuses for an uncaught exception and a usage error.
+EXIT_DRAIN = 3
 #: Characters of the exception message kept in the syslog line.
 SYSLOG_CHARS = 400
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -68,6 +82,12 @@ def root_entry(hook: str):
                 _context.clear()
         return entry
     return wrap
+
+
+def process_status(rc: int) -> int:
+    """The exit status of a root entry process whose hook returned ``rc``: ``0`` for ``0``,
+    :data:`EXIT_DRAIN` for anything else (the hook's deliberate non-zero answer)."""
+    return 0 if rc == 0 else EXIT_DRAIN
 
 
 def internal_error(hook: str, exc: BaseException, env: dict | None = None) -> int:
@@ -144,15 +164,15 @@ def _fallback_log(hook: str, cfg, env: dict | None):
 
 
 # ------------------------------------------------------------------------------ the counter
-def bump(state_dir: str, hook: str) -> None:
-    """Add one to ``hook``'s count in ``<state_dir>/internal-errors.json`` (created 0600;
-    ``flock`` on a lock file beside it; written temp-then-rename). Raises ``OSError``."""
+def bump(state_dir: str, hook: str, name: str = COUNTER_FILE) -> None:
+    """Add one to ``hook``'s count in ``<state_dir>/<name>`` (default ``internal-errors.json``;
+    created 0600; ``flock`` on a lock file beside it; written temp-then-rename). Raises ``OSError``."""
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    path = os.path.join(state_dir, COUNTER_FILE)
+    path = os.path.join(state_dir, name)
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        counts = read_counts(state_dir)
+        counts = read_counts(state_dir, name)
         counts[hook] = counts.get(hook, 0) + 1
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -163,10 +183,10 @@ def bump(state_dir: str, hook: str) -> None:
         os.close(lock)
 
 
-def read_counts(state_dir: str) -> dict[str, int]:
-    """``{hook: count}`` from the counter file; ``{}`` when missing or unreadable (bounded read)."""
+def read_counts(state_dir: str, name: str = COUNTER_FILE) -> dict[str, int]:
+    """``{hook: count}`` from the counter file ``name``; ``{}`` when missing or unreadable (bounded read)."""
     try:
-        fd = os.open(os.path.join(state_dir, COUNTER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(state_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as fh:
             data = json.loads(fh.read(1 << 16) or b"{}")
     except (OSError, ValueError):

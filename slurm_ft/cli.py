@@ -31,7 +31,15 @@ def main() -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.option("--log-format", type=click.Choice(logfmt.FORMATS), default="text", show_default=True,
               help="Log lines on stderr as plain text, or one JSON object per line (time, level, logger, message).")
-def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str) -> None:
+@click.option("--log-file", metavar="PATH",
+              help="Log to PATH instead of stderr (a run without systemd), rotated at --log-file-max-mb; "
+                   "its directory must be root's and writable by root only.")
+@click.option("--log-file-max-mb", type=click.IntRange(1, 10240), default=20, show_default=True,
+              help="Rotate the --log-file at this size (PATH.1 .. PATH.N kept).")
+@click.option("--log-file-backups", type=click.IntRange(0, 100), default=5, show_default=True,
+              help="How many rotated --log-file copies to keep.")
+def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str, log_file: str | None,
+           log_file_max_mb: int, log_file_backups: int) -> None:
     """Requeue daemon: fail hardware-faulted jobs over to healthy nodes (runs as root on the controller).
     One daemon per journal: it holds a lock in the journal's directory, and a second one exits
     with an error. Each cycle it records a heartbeat there (slurm-ft doctor, ft-history)."""
@@ -39,6 +47,12 @@ def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str) 
     if os.geteuid() != 0:
         raise click.ClickException("slurm-ft daemon runs as root: it writes the journal and runs scontrol "
                                    "requeue/update/drain (systemd: slurm-ft install, docs/install.md)")
+    if log_file:
+        from . import logfile
+        try:
+            logfile.attach(log_file, max_bytes=log_file_max_mb * 1024 * 1024, backups=log_file_backups)
+        except SlurmFTError as exc:
+            raise _fail(exc) from None
     from . import daemonlock
     from .failover.daemon import Daemon
     from .journal import open_daemon_journal
@@ -114,9 +128,14 @@ def drain(node: str, checkpoint: bool, reason: str | None, timeout_s: int | None
                    "(RMA candidate).")
 @click.option("--node-journals", metavar="GLOB",
               help="Also read these node journals: health-check episodes and GPU indices.")
+@click.option("--ack", "ack_nodes", metavar="NODES",
+              help="First acknowledge the hardware faults of these nodes so far (hostlist; journaled with "
+                   "--ack-reason): they no longer make a node or its GPUs flapping (test drains, a repaired GPU).")
+@click.option("--ack-reason", metavar="TEXT", help="Why the faults of --ack do not count (required with --ack).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (default: lookup order).")
 def report(fmt: str | None, as_json: bool, output: str | None, days: float, flap_threshold: int,
-           node_journals: str | None, config_path: str | None) -> None:
+           node_journals: str | None, config_path: str | None, ack_nodes: str | None = None,
+           ack_reason: str | None = None) -> None:
     """Drain report for admins: nodes out of service and who took them out (slurm-ft for a fault
     or a health check, an admin, Slurm), drains in the window with counts that add up, flapping
     nodes and GPUs (RMA candidates), Xids and failed health checks per node and GPU."""
@@ -130,6 +149,14 @@ def report(fmt: str | None, as_json: bool, output: str | None, days: float, flap
         if output:
             check_output(output)           # before asking Slurm: a typo in -o fails at once
         cfg = config_mod.load(config_path)
+        if ack_nodes is not None:          # slurm_ft/report/ack.py (docs/drain-report.md)
+            from .journal import open_daemon_journal
+            from .report.ack import acknowledge
+            try:
+                with open_daemon_journal(cfg) as journal:
+                    acknowledge(journal, ack_nodes, ack_reason or "", by=os.environ.get("SUDO_USER", ""))
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from None
         data = collect(cfg, Slurm.from_config(cfg), since_s=days * 86400, node_journals=node_journals,
                        flap_threshold=flap_threshold)
         text = render(data, fmt)

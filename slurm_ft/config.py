@@ -39,6 +39,11 @@ class JournalConfig:
 
 @dataclass(frozen=True)
 class FailoverConfig:
+    #: ``act`` (default): carry out decisions. ``observe``: classify, journal, report and log every
+    #: decision slurm-ft would take (drain, requeue, exclusion, priority, StartTime, hold/release,
+    #: checkpoint signals, prolog refusals) and change nothing in Slurm: every Slurm write goes
+    #: through one gate (:class:`slurm_ft.slurm.Slurm`, ``observe``) that journals it as observed.
+    mode: str = "act"
     #: Retries (requeues after a hardware verdict) per job unless the job asks otherwise.
     retries: int = 3
     #: Site maximum for a job's own ``--ft-retries`` (larger requests are refused at submit by
@@ -129,8 +134,9 @@ class NvmlConfig:
 class NodeStateConfig:
     #: Root-owned directory where the prolog leaves per-job markers for the epilog.
     dir: str = "/var/lib/slurm-ft/jobs"
-    #: Log file of the prolog/epilog (``{node}`` replaced); "" = stderr only (slurmd drops it).
-    log: str = ""
+    #: Log file of the prolog/epilog/hang watcher (``{node}`` replaced); its directory is created
+    #: (root's, 0750) when missing; "" = stderr only (slurmd's log, at its debug level).
+    log: str = "/var/log/slurm-ft/node.log"
     #: How a root hook (prolog, epilog, hang watcher) exits after an *unexpected* error of
     #: slurm-ft's own (a bug; see slurm_ft.boundary): ``pass`` (exit 0: the job runs / the node
     #: stays in service; the error is logged with its traceback, to syslog and counted in
@@ -263,6 +269,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"failover.max_evacuations: must be >= 0, got {f.max_evacuations}")
     if f.max_continuations < 0:
         raise ConfigError(f"failover.max_continuations: must be >= 0, got {f.max_continuations}")
+    if f.mode not in ("act", "observe"):
+        raise ConfigError(f"failover.mode: must be 'act' or 'observe', got {f.mode!r}")
     if f.unsatisfiable not in ("hold", "relax"):
         raise ConfigError(f"failover.unsatisfiable: must be 'hold' or 'relax', got {f.unsatisfiable!r}")
     if f.mailbox_keep < 1:
@@ -283,6 +291,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("nvml.inventory: required when nvml.backend = 'fake'")
     if cfg.node_state.on_internal_error not in ("pass", "drain"):
         raise ConfigError(f"node_state.on_internal_error: 'pass' or 'drain', got {cfg.node_state.on_internal_error!r}")
+    if cfg.node_state.log and not os.path.isabs(cfg.node_state.log):
+        raise ConfigError(f"node_state.log: must be an absolute path or \"\", got {cfg.node_state.log!r}")
     if cfg.slurm.command_timeout_s <= 0:
         raise ConfigError("slurm.command_timeout_s: must be > 0")
     h = cfg.hang

@@ -61,6 +61,10 @@ class Env:
     nvml_probe: Callable[[str], tuple[bool, str]] | None = None
     #: (python, module) -> None when ``python -I -c 'import module'`` works, else the error
     python_probe: Callable[[str, str], str | None] | None = None
+    #: (node name) -> slurm_ft.health.scope.NodeFacts: what Slurm's node record says it has
+    node_facts: Callable[[str], object] | None = None
+    #: () -> None when the epilog's kernel-log read works on this host, else why not
+    kernel_log_probe: Callable[[], str | None] | None = None
 
 
 # -------------------------------------------------------------------------------- Slurm config
@@ -95,11 +99,11 @@ def _values(v: str | None) -> list[str]:
 def controller_hosts(conf: dict[str, str]) -> list[str]:
     """Short host names of ``SlurmctldHost`` (``SlurmctldHost[0] = ctl(10.0.0.1)``, or the
     slurm.conf forms ``ctl(10.0.0.1)`` / ``ControlMachine``)."""
-    hosts = []
-    for k, v in conf.items():
-        if k.startswith("slurmctldhost") or k in ("controlmachine", "backupcontroller"):
+    hosts: list[str] = []
+    for k, v in conf.items():  # "slurmctldhost" holds every SlurmctldHost[i] (slurm_ft.slurm.parse_config)
+        if k == "slurmctldhost" or k in ("controlmachine", "backupcontroller"):
             hosts += [h.split("(")[0].split(".")[0] for h in _values(v)]
-    return hosts
+    return list(dict.fromkeys(hosts))
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -361,17 +365,70 @@ def check_daemon(env: Env) -> list[Check]:
     return [Check("daemon", "OK", f"pid {hb.get('pid')}, last cycle {age:.1f} s ago")]
 
 
+def health_scope(env: Env):
+    """The prolog's decision for this host (slurm_ft.health.scope.decide) from ``env.node_facts``:
+    a Scope, None when not probed, or the ConfigError text of a bad ``[health]`` table."""
+    if env.cfg is None or env.node_facts is None:
+        return None
+    from .errors import ConfigError
+    from .health.config import from_config
+    from .health.scope import decide
+    try:
+        return decide(env.node_facts(env.host), from_config(env.cfg.health))
+    except ConfigError as exc:
+        return str(exc)
+
+
+def check_health_scope(env: Env) -> list[Check]:
+    """Which health checks the prolog runs on this host, and what a FAIL of one does."""
+    scope = health_scope(env)
+    if scope is None:
+        return [Check("health", "SKIP", "no valid config" if env.cfg is None else "Slurm's node record not probed")]
+    if isinstance(scope, str):
+        return [Check("health", "FAIL", scope, "correct [health] (docs/health-checks.md)")]
+    if not scope.checks:
+        return [Check("health", "OK", f"{scope.why}: the prolog passes every job here")]
+    if getattr(getattr(env.cfg, "failover", None), "mode", "act") == "observe":
+        effect = "is journaled as an observed drain; the job still starts here ([failover] mode = observe)"
+    else:
+        effect = "drains this node and the prolog refuses the job (it runs elsewhere)"
+    return [Check("health", "OK", f"{scope.why}: nvml_responsive, {', '.join(scope.checks)}; a FAIL of any "
+                  f"{effect}")]
+
+
 def check_nvml(env: Env) -> list[Check]:
     if env.cfg is None or env.nvml_probe is None:
         return [Check("nvml", "SKIP", "no valid config" if env.cfg is None else "not probed")]
+    scope = health_scope(env)
+    if scope is not None and not isinstance(scope, str) and not scope.checks:
+        return [Check("nvml", "SKIP", scope.why)]
     ok, text = env.nvml_probe(env.host)
     if ok:
         return [Check("nvml", "OK", text)]
-    return [Check("nvml", "FAIL", text, "install/load the NVIDIA driver (nvidia-smi must work as root); "
-                  "[nvml] in the config")]
+    return [Check("nvml", "FAIL", f"FAIL nvml_responsive: {text}: the prolog will drain this node at its next job",
+                  "install/load the NVIDIA driver (nvidia-smi must work as root); [nvml] in the config; on a node "
+                  "without GPUs: no gres/gpu in its Slurm record, or [health] exclude_nodes")]
 
 
-NODE_CHECKS = (check_prolog, check_epilog, check_plugstack, check_cli_filter, check_journals, check_nvml)
+def check_kernel_log(env: Env) -> list[Check]:
+    """Can the epilog read the kernel log here (its trusted Xid evidence)? Without it (a container,
+    no CAP_SYSLOG, ``kernel.dmesg_restrict`` and no dmesg) a GPU lost mid-job is found only by the
+    trusted checks the epilog then runs for a failed GPU job (slurm_ft.epilog.verify_untrusted)."""
+    if env.kernel_log_probe is None:
+        return [Check("kernel-log", "SKIP", "not probed")]
+    scope = health_scope(env)
+    if scope is not None and not isinstance(scope, str) and not scope.checks:
+        return [Check("kernel-log", "SKIP", scope.why)]
+    why = env.kernel_log_probe()
+    if why is None:
+        return [Check("kernel-log", "OK", "the epilog reads the kernel log (Xid records)")]
+    return [Check("kernel-log", "WARN", f"kernel log unreadable: GPU faults are found only by the trusted checks "
+                  f"({why})", "run slurmd where root can read /dev/kmsg (outside a container, or with CAP_SYSLOG "
+                  "and kernel.dmesg_restrict=0); docs/health-checks.md")]
+
+
+NODE_CHECKS = (check_prolog, check_epilog, check_plugstack, check_cli_filter, check_journals, check_health_scope,
+               check_nvml, check_kernel_log)
 CONTROLLER_CHECKS = (check_prolog, check_epilog, check_job_submit, check_cli_filter, check_plugstack,
                      check_journals, check_daemon)
 
@@ -387,7 +444,7 @@ def run(env: Env) -> list[Check]:
             if fn not in done:
                 done.append(fn)
     for fn in sorted(done, key=lambda f: [*NODE_CHECKS, *CONTROLLER_CHECKS].index(f)):
-        if not env.conf and fn not in (check_journals, check_daemon, check_nvml):
+        if not env.conf and fn not in (check_journals, check_daemon, check_nvml, check_health_scope, check_kernel_log):
             out.append(Check(fn.__name__.removeprefix("check_").replace("_", "-"), "SKIP", "no Slurm configuration"))
             continue
         out += fn(env)
@@ -426,6 +483,33 @@ def nvml_probe_for(cfg) -> Callable[[str], tuple[bool, str]]:
         count = [r for r in results if r.check == "gpu_count"]
         return True, (nvml[0].measurement if nvml else "NVML answered") + (
             f"; {count[0].measurement}" if count else "")
+    return probe
+
+
+def kernel_log_probe() -> str | None:
+    """None when the epilog's kernel-log read (slurm_ft.classify.sources.read_kmsg: /dev/kmsg, else
+    dmesg) works for this process, else the reason. Run doctor as root, as slurmd runs the epilog."""
+    from .classify.sources import read_kmsg
+    try:
+        read_kmsg(time.monotonic())
+    except SlurmFTError as exc:
+        return str(exc)
+    return None
+
+
+def node_facts_probe_for(cfg) -> Callable[[str], object]:
+    """``node -> NodeFacts`` from ``scontrol show node -o NODE`` (asked every time: doctor is no
+    prolog); a node Slurm does not answer for has ``gpus=None``."""
+    def probe(node: str):
+        from .health.scope import NodeFacts, record_facts, scontrol_lookup
+        try:
+            record = scontrol_lookup(cfg)(node)
+            if record.get("NodeName") != node:
+                raise SlurmFTError(f"no Slurm node named {node}")
+            gpus, partitions = record_facts(record)
+        except SlurmFTError as exc:
+            return NodeFacts(node, None, (), 0, f"unknown: {exc}")
+        return NodeFacts(node, gpus, partitions, 0, "scontrol")
     return probe
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from .errors import SlurmFTError
 
 LEADER = "slurm-ft:"
+#: What :func:`drain_node` returns in observe mode (the drain held back by the client's gate).
+OBSERVED = "observed"
 #: Rule prefix of a hardware verdict the trusted GPU checks confirmed (slurm_ft/epilog.py).
 VERIFIED = "verified:"
 #: Reasons slurmctld/slurmd set by themselves (not an admin's words): slurm-ft may replace them
@@ -48,6 +50,8 @@ def drain_node(slurm, node: str, reason: str, *, breaker=None, nodes: list | Non
 
     Returns ``"drained"``; ``"kept-admin-reason"`` when the node is already drained (or down)
     with a reason not set by slurm-ft, which is left untouched (as NHC's node-mark-offline does);
+    ``"observed"`` when the client is in observe mode (``[failover] mode = "observe"``: the drain
+    was journaled/logged as what slurm-ft would do, Slurm was not asked);
     ``"already-drained"`` when slurm-ft drained it before (its first reason is kept: Slurm holds
     one reason, the journal holds every verdict); ``"breaker-open: <why>"`` when ``breaker`` (the
     ``[breaker]`` config; None = no limit, for an admin's own command) says slurm-ft has taken
@@ -75,4 +79,5 @@ def drain_node(slurm, node: str, reason: str, *, breaker=None, nodes: list | Non
     if cur_reason.startswith(LEADER) and "DRAIN" in state:
         return "already-drained"
     slurm.drain(node, reason)
-    return "drained"
+    # [failover] mode = "observe": the client's gate held the drain back (slurm_ft/slurm.py)
+    return OBSERVED if getattr(slurm, "observe", False) else "drained"

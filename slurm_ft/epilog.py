@@ -10,8 +10,9 @@ the attempt that ran here (the prolog's start marker), not Slurm's restart count
 
 Exits 0: a non-zero epilog would make Slurm drain the node as "Epilog error", and a bug of ours
 must never take a healthy node out of service (an unexpected error goes through slurm_ft.boundary;
-only ``[node_state] on_internal_error = "drain"`` makes it exit 1). Errors go to stderr (slurmd's
-log) and the node log.
+only ``[node_state] on_internal_error = "drain"`` makes :func:`run` return 1, and the process
+exit ``boundary.EXIT_DRAIN``, which the wrapper maps to 1). Errors go to stderr (slurmd's log) and
+the node log.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import sys
 import time
 
-from .boundary import note, root_entry
+from .boundary import KERNEL_LOG_FILE, bump, note, root_entry
 from .errors import SlurmFTError
 from .nodejob import NodeJob, pop_start_marker
 from .nodelog import start_script
@@ -84,7 +85,11 @@ def expand_output_pattern(pattern: str | bytes, job: NodeJob) -> str | None:
 
 def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
     """Collect the Evidence for this job on this node. Each source is optional: a failing source
-    is logged and skipped, never fatal."""
+    is logged and skipped, never fatal. A kernel log that cannot be read (a container, no
+    CAP_SYSLOG, ``kernel.dmesg_restrict`` without dmesg) is said in ``Evidence.kernel_log_error``
+    and counted (``<[node_state] dir>/kernel-log-unavailable.json``, the
+    ``slurm_ft_kernel_log_unavailable_total`` metric): :func:`verify_untrusted` then asks the
+    trusted GPU checks."""
     from . import nvml
     from .classify import Evidence, normalise_bus_id
     from .classify.sources import read_kmsg, read_tail_safely
@@ -99,11 +104,16 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
         job_bus = frozenset(by_index[g] for g in (job.gpus or ()) if g in by_index)
     except Exception as exc:  # NVML down is evidence-poor, not fatal
         log(f"GPU inventory unavailable: {exc}")
+    kernel_error = ""
     try:
         kernel = read_kmsg(since_monotonic)
     except SlurmFTError as exc:
         log(f"kernel log unavailable: {exc}")
-        kernel = []
+        kernel, kernel_error = [], str(exc) or type(exc).__name__
+        try:
+            bump(cfg.node_state.dir, "epilog", KERNEL_LOG_FILE)
+        except OSError as err:
+            log(f"kernel-log counter not written: {err}")
     tail = ""
     seen = set()
     for pattern in (job.stderr, job.stdout):
@@ -118,7 +128,8 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
             continue
         tail += text if not tail or tail.endswith("\n") else "\n" + text
     return Evidence(kernel_lines=kernel, stderr_tail=tail, exit_code=job.exit_code, signal=job.signal,
-                    job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time(), kernel_records=True)
+                    job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time(), kernel_records=True,
+                    kernel_log_error=kernel_error)
 
 
 def window_start(cfg, job: NodeJob, marker: dict | None, log) -> float:
@@ -178,7 +189,7 @@ def run(env: dict[str, str] | None = None) -> int:
         from .classify import classify, default_policy, from_config
         policy = from_config(cfg.classify) if cfg.classify else default_policy()
         evidence = with_prior_xids(cfg, job, gather_evidence(cfg, job, since, log), policy, log)
-        verdict = verify_untrusted(cfg, job, classify(evidence, policy), log)
+        verdict = verify_untrusted(cfg, job, classify(evidence, policy), log, evidence=evidence)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
         from .hang.watcher import epilog_cleanup
         if epilog_cleanup(cfg, job.job_id, job.node):
@@ -191,12 +202,45 @@ def run(env: dict[str, str] | None = None) -> int:
 #: Rule prefixes of a verdict whose untrusted (job output) hardware evidence the trusted GPU checks
 #: confirmed / did not confirm (docs/security.md).
 VERIFIED, UNVERIFIED = "verified:", "unverified:"
+#: Rule of a failed GPU job's verdict made ``hardware`` by the trusted checks because the kernel
+#: log could not be read (docs/health-checks.md, "Without a kernel log").
+NO_KERNEL_LOG = "no-kernel-log"
 
 
-def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
+def ended_badly(evidence) -> bool:
+    """Did the job not end cleanly: a non-zero exit code, a terminating signal, or a Slurm state
+    other than ``COMPLETED`` (``Evidence.exit_code``/``signal``/``slurm_state``; unknown is clean)."""
+    return bool(evidence.exit_code or evidence.signal
+                or (evidence.slurm_state or "COMPLETED").split()[0].upper() != "COMPLETED")
+
+
+def trusted_failures(cfg, job: NodeJob, log, run_checks=None):
+    """Run the trusted GPU checks on this node (``slurm_ft.health.run_checks(cfg, node)``, read by
+    root through NVML), journal their results, and return ``(results, failing, mine)``: every
+    result, the failing ones, and the failing ones that are node-level or on one of the job's GPUs
+    (``SLURM_JOB_GPUS``: a job without GPUs owns none). Checks that cannot run give three empty
+    lists (logged). ``run_checks``: for tests."""
+    from .health import unhealthy
+    from .health.actions import journal_results
+
+    if run_checks is None:
+        from .health import run_checks
+    try:
+        results = run_checks(cfg, job.node)
+    except SlurmFTError as exc:
+        log(f"trusted GPU checks not run: {exc}")
+        results = []
+    if results:
+        journal_results(cfg, job.node, results, job.job_id, log)
+    failing = unhealthy(results)
+    return results, failing, [r for r in failing if r.gpu is None or r.gpu in (job.gpus or ())]
+
+
+def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None, evidence=None):
     """Resolve a verdict whose hardware evidence is only the job's own output (action ``verify``),
     or that carries *unplaced* kernel records (``verdict.unplaced``: hardware records that name no
-    GPU of this job or node, e.g. ``NVRM: Xid: 79,`` without a bus id).
+    GPU of this job or node, e.g. ``NVRM: Xid: 79,`` without a bus id), or that was reached
+    without a kernel log (``evidence.kernel_log_error``).
 
     The job's output is untrusted: it may print ``uncorrectable ECC error encountered`` without
     any fault.  So the trusted checks (NVML, read by root: ``slurm_ft.health``) run on this node
@@ -211,29 +255,69 @@ def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None):
     trusted checks run.  A failing check drains the node (rule ``verified:unplaced``; the verdict
     becomes ``hardware`` only when the failing check is node-level or on one of the job's GPUs and
     the job did not end cleanly, else the verdict stays and ``cause`` names it); none failing (or
-    checks that cannot run) leaves the verdict unchanged.  Every other verdict is returned
-    unchanged.  ``run_checks``: for tests.
+    checks that cannot run) leaves the verdict unchanged.
+
+    No kernel log (``evidence.kernel_log_error``, from :func:`gather_evidence`): a GPU that fell
+    off the bus leaves no Xid to read, only a failed job.  When the job held GPUs here and did not
+    end cleanly (:func:`ended_badly`) the trusted checks run once; a failing one on the job's GPUs
+    (or node-level) makes the verdict ``hardware`` (rule ``verified:no-kernel-log``, drain);
+    otherwise the verdict is unchanged.  A clean exit or a job without GPUs runs no check.  Every
+    non-ok verdict reached without a kernel log carries the line ``kernel log unavailable:
+    <reason>``.  Every other verdict is returned unchanged.  ``run_checks``: for tests.
     """
+    from .classify.model import MAX_EVIDENCE_LINES
+
+    missing = getattr(evidence, "kernel_log_error", "") if evidence is not None else ""
+    unplaced = tuple(getattr(verdict, "unplaced", ()) or ())
+    if verdict.action == "verify" or (unplaced and verdict.action not in ("drain_node", "reset_gpu")):
+        out = _verify(cfg, job, verdict, log, run_checks, unplaced)
+    elif missing and job.gpus and ended_badly(evidence) and verdict.action not in ("drain_node", "reset_gpu"):
+        out = _verify_without_kernel_log(cfg, job, verdict, log, run_checks, missing)
+    else:
+        out = verdict
+    if missing and out.verdict != "ok":
+        import dataclasses
+        line = kernel_log_line(missing)
+        if line not in out.evidence:
+            out = dataclasses.replace(out, evidence=(*out.evidence[:MAX_EVIDENCE_LINES - 1], line))
+    return out
+
+
+def kernel_log_line(missing: str) -> str:
+    """The evidence line ``kernel log unavailable: <reason>``: one line (controls escaped,
+    slurm_ft.textsafe), at most ``MAX_EVIDENCE_CHARS`` characters."""
+    from .classify.model import MAX_EVIDENCE_CHARS
+    from .textsafe import terminal_safe
+    return f"kernel log unavailable: {terminal_safe(missing)}"[:MAX_EVIDENCE_CHARS]
+
+
+def _verify_without_kernel_log(cfg, job: NodeJob, verdict, log, run_checks, missing: str):
     import dataclasses
 
     from .classify.model import MAX_EVIDENCE_LINES
-    from .health import unhealthy
-    from .health.actions import journal_results
 
-    unplaced = tuple(getattr(verdict, "unplaced", ()) or ())
-    if verdict.action != "verify" and (not unplaced or verdict.action in ("drain_node", "reset_gpu")):
+    results, failing, mine = trusted_failures(cfg, job, log, run_checks)
+    gpus = ",".join(map(str, job.gpus or ()))
+    if not mine:
+        log(f"kernel log unavailable; the job failed ({verdict.rule}); trusted checks ({len(results)} results) "
+            f"found no fault on GPUs {gpus}: verdict unchanged")
         return verdict
-    if run_checks is None:
-        from .health import run_checks
-    try:
-        results = run_checks(cfg, job.node)
-    except SlurmFTError as exc:
-        log(f"trusted GPU checks not run: {exc}")
-        results = []
-    if results:
-        journal_results(cfg, job.node, results, job.job_id, log)
-    failing = unhealthy(results)
-    mine = [r for r in failing if r.gpu is None or r.gpu in (job.gpus or ())]
+    first = mine[0]
+    lines = (f"trusted check {first.check} failed: {first.measurement}",
+             kernel_log_line(missing), *verdict.evidence)
+    log(f"kernel log unavailable; the job failed ({verdict.rule}); trusted check {first.check} failed on "
+        f"{'the node' if first.gpu is None else f'GPU {first.gpu}'}: draining {job.node}")
+    return dataclasses.replace(verdict, verdict="hardware", rule=f"{VERIFIED}{NO_KERNEL_LOG}", action="drain_node",
+                               evidence=lines[:MAX_EVIDENCE_LINES])
+
+
+def _verify(cfg, job: NodeJob, verdict, log, run_checks, unplaced: tuple):
+    """The ``verify`` / unplaced part of :func:`verify_untrusted`."""
+    import dataclasses
+
+    from .classify.model import MAX_EVIDENCE_LINES
+
+    results, failing, mine = trusted_failures(cfg, job, log, run_checks)
     if verdict.action != "verify":  # only unplaced records: they decide nothing by themselves
         if not failing:
             log(f"unplaced kernel record(s) ({unplaced[0][:120]!r}); trusted checks found nothing")
@@ -315,4 +399,11 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    from .boundary import process_status
+    _status = run()
+    for _stream in (sys.stdout, sys.stderr):
+        try:
+            _stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(process_status(_status))   # 0, or EXIT_DRAIN (the wrapper's 1); no interpreter teardown: about 10 ms less on every job (issue 24)

@@ -29,6 +29,7 @@ from . import daemonlock
 from . import history_format as fmt
 from .errors import JournalError, SlurmFTError
 from .failover import policy
+from .failover.observe import OBSERVED
 from .journal import open_journal
 from .slurm import compress_nodes
 from .textsafe import terminal_safe
@@ -160,7 +161,9 @@ def _chain(journal, job_id: int, job: dict) -> dict:
             "action": _summarise(actions),
             "actions": [{k: x[k] for k in ("action", "target", "detail", "status", "created")} for x in actions],
         })
+    observed = any(x["status"] == OBSERVED for r in rows for x in r["actions"])
     return {"job_id": job_id, "name": job["name"], "user": job.get("user"), "ft_state": job["ft_state"],
+            "observed": observed,
             "retries": job["retries"], "failovers": journal.failovers_done(job_id),
             "excluded_nodes": job["excluded_nodes"], "attempts": rows}
 
@@ -319,9 +322,21 @@ def _bisect_summary(detail: str) -> str:
         return "?"
 
 
+#: Actions of an observe-mode daemon (status ``observed``) named in the summary, as "would ...".
+_WOULD = ("drain", "requeue", "release", "hold", "relax", "evacuation", "continue", "failover", "start-now",
+          "bisect-start")
+
+
 def _summarise(actions: list[dict]) -> str:
     parts = []
     for x in actions:
+        if x["status"] == OBSERVED:      # [failover] mode = "observe": decided, nothing done in Slurm
+            if x["action"] in _WOULD:
+                what = f"{x['action']} {x['target']}" if x["action"] == "drain" else x["action"]
+                parts.append(f"observed: would {what}" + (f": {x['detail']}" if x["action"] == "hold" else ""))
+            elif x["action"] == "decide":
+                parts.append(f"observed: {x['detail']}")
+            continue
         if x["action"] == "drain" and x["status"] == "done":
             parts.append(f"drain {x['target']}")
         elif x["action"] in ("requeue", "release") and x["status"] == "done":

@@ -134,7 +134,9 @@ FIELDS: tuple[Field, ...] = (
     Field("User", "user name (a uid on record is shown as its name)", lambda r: user_name(r.h.get("user"))),
     Field("UID", "user id (looked up on this host)", lambda r: user_uid(r.h.get("user"))),
     Field("FTState", "slurm-ft state of the job (running, requeued, completed, max-retries-exceeded, ...; "
-          "ft-history -s lists them all)", lambda r: r.h.get("ft_state") or ""),
+          "ft-history -s lists them all); observed:STATE when slurm-ft only observed ([failover] mode = "
+          "observe: decided, nothing done in Slurm)",
+          lambda r: ("observed:" if r.h.get("observed") else "") + (r.h.get("ft_state") or "")),
     Field("Retries", "the job's retry budget", lambda r: "" if r.h.get("retries") is None else str(r.h["retries"])),
     Field("Failovers", "failovers done (spent from the budget)", lambda r: str(r.h.get("failovers", ""))),
     Field("Attempts", "number of attempts", lambda r: str(len(r.h["attempts"]))),
@@ -257,7 +259,14 @@ def job_heading(h: dict) -> str:
     budget = f", retries {h['retries']}" if h.get("retries") is not None else ""
     user = user_name(h.get("user"))
     who = f", user {user}" if user else ""
-    return terminal_safe(f"Job {h['job_id']} ({h.get('name') or '-'}): ft state {h['ft_state']}{budget}{who}")
+    state = h["ft_state"]
+    if state == "held":          # why slurm-ft holds it (the newest hold's reason)
+        reason = next((x["detail"] for a in reversed(h.get("attempts") or []) for x in reversed(a.get("actions") or [])
+                       if x["action"] == "hold" and x.get("detail")), "")
+        state = f"held: {reason}" if reason else state
+    if h.get("observed"):
+        state = f"{state} (observed only: [failover] mode = observe, nothing done in Slurm)"
+    return terminal_safe(f"Job {h['job_id']} ({h.get('name') or '-'}): ft state {state}{budget}{who}")
 
 
 def chain(h: dict, cols: list[Column] | None = None, *, header: bool = True, now: float | None = None) -> str:

@@ -1,15 +1,21 @@
 """``slurm-ft install``: put slurm-ft's files beside Slurm on a node or the controller, from the
 installed package, idempotently (docs/install.md).
 
-What goes where (below ``--prefix``, default ``/``):
+What goes where (below ``--prefix``, default ``/``); which components a host gets: its
+``--role`` (``controller``, ``compute``, ``login``; the table ``slurm_ft/data/install/roles.toml``),
+or ``--only COMPONENT``:
 
 =========== ============================================================ =====================
 component   files                                                        who reads them
 =========== ============================================================ =====================
 wrappers    /usr/local/libexec/slurm-ft/slurm-ft-{prolog,epilog} (0755)  slurmd (Prolog=, Epilog=)
-lua         <slurm conf dir>/job_submit.lua, cli_filter.lua              slurmctld, sbatch
+job_submit  <slurm conf dir>/job_submit.lua                              slurmctld
+cli_filter  <slurm conf dir>/cli_filter.lua                              sbatch, srun, salloc
 spank       /usr/local/src/slurm-ft/spank/{slurm_ft_spank.c,Makefile};   the admin (make install),
             <slurm conf dir>/plugstack.conf.d/slurm-ft.conf              slurmd, sbatch, srun
+ctld_event  /usr/local/libexec/slurm-ft/slurm-ft-ctld-event (0755);      slurmctld (PrologSlurmctld=,
+            /etc/tmpfiles.d/slurm-ft.conf; the directory                 EpilogSlurmctld=), as
+            ``[failover] events_dir`` (0700, SlurmUser's)                SlurmUser; the daemon
 systemd     /etc/systemd/system/slurm-ft-daemon.service                  systemd (controller)
 config      /etc/slurm-ft/slurm-ft.toml (only if absent)                 every slurm-ft process
 =========== ============================================================ =====================
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import re
 import stat
 import tempfile
@@ -40,7 +47,7 @@ from pathlib import Path
 from . import assets
 from .errors import SlurmFTError
 
-COMPONENTS = ("wrappers", "lua", "spank", "systemd", "config")
+COMPONENTS = ("wrappers", "job_submit", "cli_filter", "spank", "ctld_event", "systemd", "config")
 _MARKER = re.compile(r"slurm-ft-install: sha256=([0-9a-f]{64})")
 _COMMENT = {"sh": ("# ", ""), "lua": ("-- ", ""), "c": ("/* ", " */"), "conf": ("# ", "")}
 
@@ -51,7 +58,9 @@ class InstallError(SlurmFTError):
 
 @dataclass(frozen=True)
 class Item:
-    """One file to install: ``path`` as Slurm sees it (no prefix), its content and mode."""
+    """One file to install: ``path`` as Slurm sees it (no prefix), its content and mode; or, with
+    ``owner``, a directory (``text`` unused) owned by that user, created when missing and never
+    removed."""
 
     component: str
     path: str
@@ -60,6 +69,12 @@ class Item:
     #: ``sh``/``lua``/``c``/``conf``: comment syntax of the marker line; None: written once, then the
     #: admin's (no marker, never replaced nor removed).
     syntax: str | None = "conf"
+    #: a directory's owner (user name; its group: that user's primary group)
+    owner: str | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.owner is not None
 
     @property
     def managed(self) -> bool:
@@ -124,13 +139,68 @@ def untrusted(path: str | Path) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------------- roles
+def roles() -> dict[str, tuple[str, ...]]:
+    """role -> its components, from ``slurm_ft/data/install/roles.toml``. Raises InstallError
+    when the table names a component this module does not know (a packaging bug)."""
+    table = assets.roles_table()
+    out = {name: tuple(r["components"]) for name, r in table["roles"].items()}
+    for name, comps in [*out.items(), *table.get("aliases", {}).items()]:
+        unknown = set(comps) - set(COMPONENTS)
+        if unknown:
+            raise InstallError(f"roles.toml: {name} names unknown components {sorted(unknown)}")
+    return out
+
+
+def aliases() -> dict[str, tuple[str, ...]]:
+    """``--only`` names that stand for several components (``lua``: job_submit and cli_filter)."""
+    return {k: tuple(v) for k, v in assets.roles_table().get("aliases", {}).items()}
+
+
+def components_for(role_names=(), only=()) -> tuple[str, ...]:
+    """The components of the ``role_names`` together, or of ``only`` (components or aliases), in
+    :data:`COMPONENTS` order. Raises InstallError for an unknown role or component, or when
+    both or neither are given."""
+    if bool(role_names) == bool(only):
+        raise InstallError("choose the host's role: --role controller|compute|login (repeatable), "
+                           "or components with --only")
+    table, alias = roles(), aliases()
+    wanted: set[str] = set()
+    for r in role_names:
+        if r not in table:
+            raise InstallError(f"unknown role {r!r}: one of {', '.join(table)}")
+        wanted |= set(table[r])
+    for c in only:
+        if c not in COMPONENTS and c not in alias:
+            raise InstallError(f"unknown component {c!r}: one of {', '.join([*COMPONENTS, *alias])}")
+        wanted |= set(alias.get(c, (c,)))
+    return tuple(c for c in COMPONENTS if c in wanted)
+
+
+def slurm_user(conf: dict[str, str]) -> str:
+    """SlurmUser of a parsed slurm.conf (lower-case keys); Slurm's default when unset: root."""
+    return conf.get("slurmuser", "").strip() or "root"
+
+
+def read_slurm_conf(prefix: str, slurm_conf_dir: str) -> dict[str, str] | None:
+    """The global settings of ``<prefix>/<slurm_conf_dir>/slurm.conf`` (lower-case keys; its
+    ``Include`` files are not read), or None when it cannot be read."""
+    from .doctor import parse_slurm_conf
+    try:
+        return parse_slurm_conf(_target(prefix, f"{slurm_conf_dir}/slurm.conf").read_text(errors="replace"))
+    except OSError:
+        return None
+
+
 # -------------------------------------------------------------------------------------- plan
 def plan(*, components=COMPONENTS, slurm_conf_dir: str = assets.SLURM_CONF_DIR, python: str | None = None,
-         command: str | None = None, max_retries: int = 10, default_retries: int = 3) -> list[Item]:
+         command: str | None = None, max_retries: int = 10, default_retries: int = 3,
+         events_dir: str = assets.FailoverConfig.events_dir, slurm_user: str = "slurm") -> list[Item]:
     """The files of ``components``. ``python``/``command``: what the wrappers and the unit run
     (default: this Python's venv); ``max_retries``/``default_retries``: the site limits
-    rendered into job_submit.lua. Raises :class:`InstallError` for a path that cannot go into a
-    script or unit."""
+    rendered into job_submit.lua; ``events_dir`` (``[failover] events_dir``; ``""``: no events,
+    so no hook) and ``slurm_user`` (SlurmUser, who runs the hook): the ctld_event component.
+    Raises :class:`InstallError` for a path or name that cannot go into a script or unit."""
     python = python or assets.venv_python()
     command = command or assets.slurm_ft_command()
     conf = Path(slurm_conf_dir)
@@ -140,10 +210,11 @@ def plan(*, components=COMPONENTS, slurm_conf_dir: str = assets.SLURM_CONF_DIR, 
             for kind in ("prolog", "epilog"):
                 at = f"{assets.LIBEXEC_DIR}/slurm-ft-{kind}"
                 items.append(Item("wrappers", at, assets.render_wrapper(kind, python, at), 0o755, "sh"))
-        if "lua" in components:
-            items.append(Item("lua", str(conf / "job_submit.lua"),
+        if "job_submit" in components:
+            items.append(Item("job_submit", str(conf / "job_submit.lua"),
                               assets.render_job_submit(max_retries, default_retries), 0o644, "lua"))
-            items.append(Item("lua", str(conf / "cli_filter.lua"), assets.render_cli_filter(), 0o644, "lua"))
+        if "cli_filter" in components:
+            items.append(Item("cli_filter", str(conf / "cli_filter.lua"), assets.render_cli_filter(), 0o644, "lua"))
         if "spank" in components:
             for name, text in assets.spank_sources().items():
                 items.append(Item("spank", f"{assets.SPANK_SRC_DIR}/{name}", text, 0o644,
@@ -155,6 +226,11 @@ def plan(*, components=COMPONENTS, slurm_conf_dir: str = assets.SLURM_CONF_DIR, 
                               "# Written by `slurm-ft install` because there was none; yours from now on.\n"
                               f"include {assets.plain_path(conf, 'slurm conf dir')}/plugstack.conf.d/*.conf\n",
                               0o644, None))
+        if "ctld_event" in components and events_dir:
+            items.append(Item("ctld_event", assets.CTLD_EVENT_PATH, assets.render_ctld_event(events_dir), 0o755, "sh"))
+            items.append(Item("ctld_event", assets.TMPFILES_PATH, assets.render_tmpfiles(events_dir, slurm_user),
+                              0o644, "conf"))
+            items.append(Item("ctld_event", events_dir, "", 0o700, None, owner=slurm_user))
         if "systemd" in components:
             items.append(Item("systemd", assets.UNIT_PATH, assets.render_unit(command), 0o644, "conf"))
         if "config" in components:
@@ -210,6 +286,9 @@ def apply(items: list[Item], *, prefix: str = "/", dry_run: bool = False, force:
     out = []
     for item in items:
         target = _target(prefix, item.path)
+        if item.is_dir:
+            out.append(_apply_dir(item, target, real=os.path.realpath(prefix) == "/", dry_run=dry_run))
+            continue
         want = item.content()
         have, st = _read(target)
         try:
@@ -249,6 +328,52 @@ def apply(items: list[Item], *, prefix: str = "/", dry_run: bool = False, force:
     return out
 
 
+def _apply_dir(item: Item, target: Path, *, real: bool, dry_run: bool) -> Outcome:
+    """Create the directory ``target`` (``item.mode``, owned by ``item.owner`` and its primary
+    group), or bring an existing one to that mode and owner, through an ``O_NOFOLLOW`` descriptor.
+    A symlink or non-directory there is a conflict, left alone. Under a ``--prefix`` an owner
+    unknown on this host is not set; on ``/`` it raises InstallError."""
+    try:
+        pw = pwd.getpwnam(item.owner)
+    except KeyError:
+        if real:
+            raise InstallError(f"{target}: SlurmUser {item.owner!r} is not a user on this host "
+                               f"(slurm.conf SlurmUser=, or --slurm-user)") from None
+        pw = None
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        return Outcome(item, target, "conflict", "not a directory (a symlink or a file): left alone; remove it, rerun")
+    detail = f"directory {item.mode:04o}, owner {item.owner}" + ("" if pw else " (no such user here: owner not set)")
+    fixes = []
+    if st is not None and stat.S_IMODE(st.st_mode) != item.mode:
+        fixes.append(f"mode {stat.S_IMODE(st.st_mode):04o} -> {item.mode:04o}")
+    if st is not None and pw and (st.st_uid, st.st_gid) != (pw.pw_uid, pw.pw_gid):
+        fixes.append(f"owner uid {st.st_uid} -> {item.owner}")
+    action = "install" if st is None else "update" if fixes else "unchanged"
+    if dry_run or action == "unchanged":
+        return Outcome(item, target, action, "; ".join(fixes) or detail)
+    old = os.umask(0o022)
+    try:
+        if st is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(target, 0o700)
+        fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if pw and os.geteuid() == 0:
+                os.fchown(fd, pw.pw_uid, pw.pw_gid)
+            os.fchmod(fd, item.mode)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise InstallError(f"{target}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old)
+    return Outcome(item, target, action, "; ".join(fixes) or detail)
+
+
 def uninstall(items: list[Item], *, prefix: str = "/", dry_run: bool = False) -> list[Outcome]:
     """Remove the managed files that are unchanged since slurm-ft wrote them; an edited or
     foreign file is left (and said so); the config, plugstack.conf and journals stay."""
@@ -256,7 +381,10 @@ def uninstall(items: list[Item], *, prefix: str = "/", dry_run: bool = False) ->
     for item in items:
         target = _target(prefix, item.path)
         have, st = _read(target)
-        if have is None:
+        if item.is_dir:
+            out.append(Outcome(item, target, "kept" if have is not None else "absent",
+                               "a directory, left (under /run: gone at the next boot)" if have is not None else ""))
+        elif have is None:
             out.append(Outcome(item, target, "absent"))
         elif not item.managed:
             out.append(Outcome(item, target, "kept", "the admin's file: remove it yourself if unwanted"))
@@ -272,16 +400,25 @@ def uninstall(items: list[Item], *, prefix: str = "/", dry_run: bool = False) ->
     return out
 
 
-def next_steps(items: list[Item], outcomes: list[Outcome]) -> list[str]:
-    """What the admin still does by hand (slurm.conf lines, building the plugin, systemd)."""
-    comps = {i.component for i in items}
+def next_steps(items: list[Item], outcomes: list[Outcome], components=()) -> list[str]:
+    """What the admin still does by hand (slurm.conf lines, building the plugin, systemd), for
+    ``items`` of ``components`` (default: the items' own)."""
+    comps = {i.component for i in items} | set(components)
     changed = {o.item.path for o in outcomes if o.action in ("install", "update", "replaced")}
     steps = []
     if "wrappers" in comps:
         steps.append(f"slurm.conf: Prolog={assets.LIBEXEC_DIR}/slurm-ft-prolog  "
                      f"Epilog={assets.LIBEXEC_DIR}/slurm-ft-epilog  PrologFlags=Alloc")
-    if "lua" in comps:
-        steps.append("slurm.conf: JobSubmitPlugins=lua  CliFilterPlugins=lua  (then `scontrol reconfigure`)")
+    if "job_submit" in comps:
+        steps.append("slurm.conf: JobSubmitPlugins=lua  (then `scontrol reconfigure`)")
+    if "cli_filter" in comps:
+        steps.append("slurm.conf: CliFilterPlugins=lua  (one slurm.conf everywhere: every host that runs "
+                     "sbatch/srun/salloc, compute nodes included, needs cli_filter.lua)")
+    if any(i.path == assets.CTLD_EVENT_PATH for i in items):
+        steps.append(f"slurm.conf: PrologSlurmctld={assets.CTLD_EVENT_PATH}  EpilogSlurmctld={assets.CTLD_EVENT_PATH}"
+                     f"  (keep an existing one: call the hook from it)")
+    elif "ctld_event" in comps:
+        steps.append("no ctld event hook: [failover] events_dir is empty (faults are found by the node poll)")
     if "spank" in comps:
         steps.append(f"build the SPANK plugin: make -C {assets.SPANK_SRC_DIR} install   "
                      f"(-> {assets.SPANK_LIB}; on every submit host and node)")
@@ -293,3 +430,94 @@ def next_steps(items: list[Item], outcomes: list[Outcome]) -> list[str]:
         steps.append(f"controller: {reload_}systemctl enable --now slurm-ft-daemon")
     steps.append("check: slurm-ft doctor")
     return steps
+
+
+# ---------------------------------------------------------------------- uninstall: slurm.conf
+def slurm_conf_references(conf: dict[str, str], slurm_conf_dir: str) -> list[tuple[str, str]]:
+    """(``Key=value`` as written, path) for each file a parsed slurm.conf (lower-case keys, as
+    :func:`read_slurm_conf`) makes a Slurm daemon or command load: Prolog=, Epilog=,
+    PrologSlurmctld=, EpilogSlurmctld= (their comma-separated paths), JobSubmitPlugins=lua and
+    CliFilterPlugins=lua (``job_submit.lua``, ``cli_filter.lua`` beside slurm.conf), and
+    PlugStackConfig (default ``plugstack.conf`` beside slurm.conf). Source: slurm.conf(5)."""
+    conf_dir = slurm_conf_dir.rstrip("/") or "/"
+    refs = []
+    for key, name in (("prolog", "Prolog"), ("epilog", "Epilog"), ("prologslurmctld", "PrologSlurmctld"),
+                      ("epilogslurmctld", "EpilogSlurmctld")):
+        for path in (p.strip() for p in conf.get(key, "").split(",")):
+            if path.startswith("/"):
+                refs.append((f"{name}={path}", path))
+    for key, name, script in (("jobsubmitplugins", "JobSubmitPlugins", "job_submit.lua"),
+                              ("clifilterplugins", "CliFilterPlugins", "cli_filter.lua")):
+        plugins = [p.strip().lower() for p in conf.get(key, "").split(",")]
+        if any(p in ("lua", f"{script.split('.')[0]}/lua") for p in plugins):
+            refs.append((f"{name}={conf[key]}", f"{conf_dir}/{script}"))
+    plugstack = conf.get("plugstackconfig", "").strip()
+    refs.append((f"PlugStackConfig={plugstack}" if plugstack else "PlugStackConfig (default)",
+                 plugstack or f"{conf_dir}/plugstack.conf"))
+    return refs
+
+
+#: What breaks when slurm.conf still names a file slurm-ft removed, by the key's name.
+_BREAKS = {
+    "Prolog": "slurmd cannot run it: every node drains at its next job (Prolog error)",
+    "Epilog": "slurmd cannot run it: every node drains after its next job (Epilog error)",
+    "PrologSlurmctld": "slurmctld cannot run it at job starts",
+    "EpilogSlurmctld": "slurmctld cannot run it at job ends",
+    "JobSubmitPlugins": "slurmctld cannot load job_submit/lua",
+    "CliFilterPlugins": "every sbatch, srun and salloc fails "
+                        "(srun: fatal: failed to initialize cli_filter plugin)",
+    "PlugStackConfig": "it loads slurm-ft's SPANK plugin",
+}
+
+
+def uninstall_warnings(outcomes: list[Outcome], *, prefix: str = "/",
+                       slurm_conf_dir: str = assets.SLURM_CONF_DIR) -> list[str]:
+    """One line per slurm.conf setting that still names a file this uninstall removed (or found
+    absent), with what that breaks, and per plugstack.conf line that still loads
+    ``slurm_ft_spank.so``; [] when slurm.conf cannot be read (then one line saying so)."""
+    conf = read_slurm_conf(prefix, slurm_conf_dir)
+    where = _target(prefix, f"{slurm_conf_dir}/slurm.conf")
+    if conf is None:
+        return [f"{where} not read: check by hand that slurm.conf names no slurm-ft file "
+                f"(Prolog, Epilog, PrologSlurmctld, EpilogSlurmctld, JobSubmitPlugins, CliFilterPlugins, "
+                f"PlugStackConfig)"]
+    gone = {o.item.path for o in outcomes if o.action in ("remove", "absent") and not o.item.is_dir}
+    out = []
+    for setting, path in slurm_conf_references(conf, slurm_conf_dir):
+        key = setting.split("=")[0].split(" ")[0]
+        if path in gone:
+            naming = "" if setting.endswith("=" + path) else f", naming {path},"
+            out.append(f"{where} still has {setting}{naming} which is now gone: {_BREAKS[key]}; "
+                       f"remove the line, then `scontrol reconfigure`")
+        elif key == "PlugStackConfig":
+            out += _plugstack_warnings(_target(prefix, path), prefix, gone)
+    return out
+
+
+def _plugstack_warnings(path: Path, prefix: str, gone: set[str], depth: int = 0) -> list[str]:
+    """plugstack.conf lines (and the files they ``include``, below ``prefix``) that load
+    ``slurm_ft_spank.so`` or include a removed slurm-ft file by its own name."""
+    if depth > 4:
+        return []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "include" and len(words) > 1:
+            pattern = words[1]
+            named = [g for g in gone if g == pattern]
+            if named:
+                out.append(f"{path} still includes {pattern}, which is now gone; remove the line")
+            for inc in sorted(Path(prefix).glob(pattern.lstrip("/"))) if any(c in pattern for c in "*?[") else \
+                    [_target(prefix, pattern)]:
+                out += _plugstack_warnings(inc, prefix, gone, depth + 1)
+        elif any(w.endswith("/" + Path(assets.SPANK_LIB).name) for w in words):
+            out.append(f"{path} still loads slurm-ft's SPANK plugin ({line}): remove the line before "
+                       f"removing {Path(assets.SPANK_LIB).parent}/")
+    return out

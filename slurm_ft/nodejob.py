@@ -14,8 +14,6 @@ import re
 import time
 from dataclasses import dataclass
 
-from .errors import HostlistError
-from .slurm import split_indices
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -38,6 +36,9 @@ def parse_gpu_list(value: str | None) -> tuple[int, ...] | None:
     """``SLURM_JOB_GPUS`` ("0,1" or "0-1,3") -> (0, 1, 3); None when unset/empty."""
     if not value:
         return None
+    from .errors import HostlistError
+    from .slurm import split_indices  # ClusterShell: only for a job that holds GPUs (issue 24, per-job cost)
+
     try:
         return tuple(split_indices(value))
     except HostlistError:

@@ -3,18 +3,23 @@ the node's GPUs before the job runs on them.
 
 Run by slurmd as root on every node of a job at allocation (``PrologFlags=Alloc``,
 ``Prolog=.../prolog/slurm-ft-prolog``). Reads ``SLURM_JOB_ID``, ``SLURMD_NODENAME``,
-``SLURM_JOB_RESTART_COUNT``, ``SLURM_JOB_GPUS``. Writes the start marker under
-``[node_state] dir`` and health results to the node's journal.
+``SLURM_JOB_RESTART_COUNT``, ``SLURM_JOB_GPUS``, ``SLURM_JOB_PARTITION`` and the node's Slurm
+record (``scontrol show node``, cached for ``[health] scope_cache_s``: which checks apply here,
+slurm_ft.health.scope). Writes the start marker under ``[node_state] dir`` and health results to
+the node's journal.
 
 Exit status: 0 lets the job start. Non-zero only when a health check fails: Slurm then drains the
 node and requeues the job (the daemon releases it elsewhere at once, see failover/daemon.py).
 Our own errors never block a job: they are logged and the prolog exits 0; an unexpected one
 (a bug) goes through slurm_ft.boundary, whose ``[node_state] on_internal_error`` decides (default
-``pass``: exit 0).
+``pass``: exit 0). :func:`run` returns 1 for a refusal; the process (``python -m``) exits
+``boundary.EXIT_DRAIN`` (3) for it, which the wrapper turns into 1, so that the wrapper can tell
+it from a crash before the boundary (an import error: Python's 1).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .boundary import note, report, root_entry
@@ -24,8 +29,14 @@ from .nodelog import start_script
 
 
 @root_entry("prolog")
-def run(env: dict[str, str] | None = None) -> int:
-    """The whole prolog; returns the process exit status (see module doc)."""
+def run(env: dict[str, str] | None = None, *, detach: bool = False) -> int:
+    """The whole prolog; returns the process exit status (see module doc).
+
+    ``detach`` (the ``python -m slurm_ft.prolog`` entry point): work that cannot change the exit
+    status (a passing job's health rows for the journal) is done by a child process detached from
+    the prolog (:func:`after_exit`), so Slurm starts the job without waiting for the journal
+    (issue 24, docs/architecture.md "Per-job cost"). Without it (in-process callers, tests) that
+    work is done before returning."""
     job, cfg, log = start_script("prolog", env)
     if cfg is None:
         return 0
@@ -34,10 +45,61 @@ def run(env: dict[str, str] | None = None) -> int:
         write_start_marker(cfg.node_state.dir, job)
     except OSError as exc:
         log(f"start marker not written: {exc}")
-    rc = health_gate(cfg, job, log)
+    later: list | None = [] if detach else None
+    rc = health_gate(cfg, job, log, env, later)
     if rc == 0:
         start_hang_watch(cfg, job, env, log)
+    if later:
+        after_exit(later, cfg, log)
     return rc
+
+
+def after_exit(work: list, cfg, log) -> None:
+    """Run the callables ``work`` in a child process detached from the prolog, then return at once.
+
+    The child starts a new session (slurmd's kill of the prolog's process group does not reach it)
+    and puts its stdin/stdout/stderr on ``/dev/null`` (slurmd reads the prolog's output until
+    EOF: a child holding it would keep the job waiting); only then does the parent return (a pipe
+    handshake). Errors in the child go to the node log, syslog and the internal-error counter
+    (slurm_ft.boundary.report); they cannot change the prolog's exit status, which nothing in
+    ``work`` may decide. When no child can be made, ``work`` runs here, before returning."""
+    import os
+
+    try:
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+    except OSError as exc:
+        log(f"no detached child ({exc}); journaling before the job starts")
+        for fn in work:
+            fn()
+        return
+    if pid:
+        os.close(ready_w)
+        try:
+            os.read(ready_r, 1)     # the child has left our session and our stdout/stderr
+        finally:
+            os.close(ready_r)
+        return
+    status = 0
+    try:
+        os.close(ready_r)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for std in (0, 1, 2):
+            os.dup2(null, std)
+        os.close(null)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        for fn in work:
+            fn()
+    except BaseException as exc:  # noqa: BLE001 - the child reports and exits; it never returns into the prolog
+        status = 1
+        try:
+            report("prolog", exc, cfg=cfg, log=log)
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(status)
 
 
 def start_hang_watch(cfg, job: NodeJob, env: dict[str, str] | None, log) -> None:
@@ -47,8 +109,10 @@ def start_hang_watch(cfg, job: NodeJob, env: dict[str, str] | None, log) -> None
     starts unwatched (never refused for it)."""
     import os
 
-    from .hang.watcher import start, wanted
     env = dict(os.environ if env is None else env)
+    if not env.get("SPANK_FT_HANG_TIMEOUT"):   # the common case: no watcher, no import (issue 24)
+        return
+    from .hang.watcher import start, wanted
     if not wanted(env):
         return
     try:
@@ -57,23 +121,49 @@ def start_hang_watch(cfg, job: NodeJob, env: dict[str, str] | None, log) -> None
         log(f"hang watcher not started: {exc!r}")
 
 
-def health_gate(cfg, job: NodeJob, log) -> int:
-    """Run the GPU health checks; on a failing check, journal it, drain the node with a
+def health_scope(cfg, job: NodeJob, env: dict[str, str] | None, log):
+    """Which checks run here (slurm_ft.health.scope.decide): from the node's Slurm record (cached
+    under ``[node_state] dir`` for ``[health] scope_cache_s``), the GPUs and partition slurmd gave
+    the job, and the ``[health]`` scope. Raises ConfigError for a bad ``[health]`` table."""
+    import os
+
+    from .health.config import from_config
+    from .health.scope import decide, node_facts, scontrol_lookup
+
+    hcfg = from_config(cfg.health)
+    env = os.environ if env is None else env
+    facts = node_facts(cfg.node_state.dir, job.node, ttl_s=hcfg.scope_cache_s, job_gpus=len(job.gpus or ()),
+                       job_partition=env.get("SLURM_JOB_PARTITION", ""), lookup=scontrol_lookup(cfg), log=log)
+    return decide(facts, hcfg)
+
+
+def health_gate(cfg, job: NodeJob, log, env: dict[str, str] | None = None, later: list | None = None) -> int:
+    """Run the GPU health checks that apply to this node (:func:`health_scope`: none on a node
+    whose Slurm record has no ``gres/gpu``, so it passes); on a failing check, journal it, drain the node with a
     ``slurm-ft: <check>: <measurement>`` reason (an admin's reason is kept), tell the daemon through
     the node mailbox (it releases the job elsewhere at once) and return 1 so Slurm does not start
     the job here. A check that could not run is a fail (see slurm_ft.health); a broken config is
-    logged and lets the job start (our bug must not take a node out of service)."""
-    from .failover import mailbox, policy
+    logged and lets the job start (our bug must not take a node out of service).
+
+    ``later``: a list (the prolog run with ``detach``): a pass appends the journaling of its results
+    there instead of doing it (see :func:`run`); a fail always journals here, before the drain."""
     from .health import run_checks, unhealthy
-    from .health.actions import act_on_node, journal_results
-    from .slurm import Slurm
+    from .health.actions import journal_results
 
     try:
-        results = run_checks(cfg, job.node)
+        scope = health_scope(cfg, job, env, log)
+        if not scope.checks:
+            log(scope.why)
+            return 0
+        results = run_checks(cfg, job.node, only=list(scope.checks), expected_gpus=scope.expected_gpus)
     except SlurmFTError as exc:
         log(f"health checks not run: {exc}")
         return 0
     failing = unhealthy(results)
+    if not failing and later is not None:
+        # a pass: the rows are trend data, not the gate; journaled after the job has its answer
+        later.append(lambda: journal_results(cfg, job.node, results, job.job_id, log))
+        return 0
     try:
         journal_results(cfg, job.node, results, job.job_id, log)
     except Exception as exc:  # a bug while journaling must not let a job onto a failing GPU
@@ -82,6 +172,10 @@ def health_gate(cfg, job: NodeJob, log) -> int:
         report("prolog", exc, cfg=cfg, log=log)
     if not failing:
         return 0
+    from .failover import mailbox, policy  # the failing path only: a passing job pays no import (issue 24)
+    from .health.actions import act_on_node
+    from .slurm import Slurm
+
     slurm = Slurm.from_config(cfg)
     try:
         outcome = act_on_node(cfg, job.node, results, slurm, log)
@@ -89,6 +183,10 @@ def health_gate(cfg, job: NodeJob, log) -> int:
             # too many nodes out of service already: a cluster-wide cause (a driver update, a
             # broken rule) is likelier than this node; let the job run and say so loudly
             log(f"ALERT {outcome}; job {job.job_id} allowed to start despite {failing[0].check} failing")
+            return 0
+        if slurm.observe:   # [failover] mode = "observe": the drain above was only observed (slurm.py)
+            log(f"observed (mode = observe): would refuse job {job.job_id} here ({failing[0].check} failed); "
+                "allowed to start")
             return 0
         mailbox.post(cfg, slurm, job.node, job.job_id, job.attempt, "hardware",
                      f"{policy.HEALTH_RULE}{failing[0].check}")
@@ -100,4 +198,11 @@ def health_gate(cfg, job: NodeJob, log) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    from .boundary import process_status
+    _status = run(detach=True)
+    for _stream in (sys.stdout, sys.stderr):
+        try:
+            _stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(process_status(_status))   # 0, or EXIT_DRAIN (the wrapper's 1); no interpreter teardown: about 10 ms less on every job (issue 24)

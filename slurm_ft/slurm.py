@@ -10,11 +10,16 @@ with the command's stderr on failure. Output is parsed from ``--json`` where Slu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shlex
 import subprocess
 import time
+import tomllib
 from dataclasses import dataclass, field
+from functools import cache
+from typing import Callable
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 from ClusterShell.RangeSet import RangeSet, RangeSetException
@@ -23,6 +28,38 @@ from .errors import HostlistError, SlurmCommandError
 
 #: Fixed PATH for every child: root code never trusts the caller's PATH.
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+log = logging.getLogger("slurm_ft.slurm")
+
+
+@cache
+def _reads() -> tuple[frozenset[str], frozenset[str]]:
+    """(commands, scontrol verbs) that only read: ``slurm_ft/data/slurm_reads.toml``."""
+    from .assets import data_text
+
+    table = tomllib.loads(data_text("slurm_reads.toml"))
+    return frozenset(table["commands"]), frozenset(table["scontrol_verbs"])
+
+
+def is_read(cmd: str, args) -> bool:
+    """Whether ``cmd args...`` only reads Slurm's state: ``cmd`` is in the allowlist of
+    ``slurm_reads.toml`` (``squeue``, ``sinfo``, ...) or is ``scontrol`` whose first non-option
+    argument is a read verb (``show``, ``ping``, ...). Everything else is a write (an allowlist:
+    a command nobody listed is a write)."""
+    commands, verbs = _reads()
+    if cmd in commands:
+        return True
+    if cmd != "scontrol":
+        return False
+    verb = next((a for a in args if not str(a).startswith("-")), "")
+    return verb in verbs
+
+
+def is_mailbox_post(cmd: str, args, field_name: str | None) -> bool:
+    """``scontrol update NodeName=N <field_name>=...`` and nothing else: the epilog's and prolog's
+    verdict post into the node mailbox field (``[failover] mailbox_field``, slurm_ft.failover.
+    mailbox), slurm-ft's own channel to its daemon, which Slurm's scheduler never reads."""
+    return (bool(field_name) and cmd == "scontrol" and len(args) == 3 and args[0] == "update"
+            and str(args[1]).startswith("NodeName=") and str(args[2]).startswith(f"{field_name}="))
 
 
 @dataclass
@@ -31,11 +68,22 @@ class Slurm:
 
     ``conf`` (a slurm.conf path) is passed as ``SLURM_CONF`` when set; otherwise the caller's
     ``SLURM_CONF`` (or Slurm's default) applies.
+
+    **The observe gate.** Every Slurm command goes through :meth:`run`. With ``observe`` true
+    (``[failover] mode = "observe"``) a command that is not a read (:func:`is_read`, an allowlist)
+    is not run: it is handed to ``observer`` (the daemon journals it) or logged, appended to
+    ``observed`` (argv lists) and answered as if Slurm had done it (rc 0, no output). The one
+    write let through is the verdict post into the node mailbox field ``mailbox_field``
+    (:func:`is_mailbox_post`), without which the daemon would observe nothing.
     """
 
     bin_dir: str = "/usr/bin"
     timeout_s: float = 10.0
     conf: str | None = None
+    observe: bool = False
+    mailbox_field: str | None = None
+    observer: Callable[[list[str]], None] | None = field(default=None, repr=False)
+    observed: list[list[str]] = field(default_factory=list, repr=False)
     _env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -47,17 +95,32 @@ class Slurm:
 
     @classmethod
     def from_config(cls, config) -> "Slurm":
-        return cls(bin_dir=config.slurm.bin_dir, timeout_s=config.slurm.command_timeout_s)
+        return cls(bin_dir=config.slurm.bin_dir, timeout_s=config.slurm.command_timeout_s,
+                   observe=config.failover.mode == "observe", mailbox_field=config.failover.mailbox_field)
 
     # -- plumbing -----------------------------------------------------------------
     def run(self, cmd: str, *args: str, check: bool = True, timeout_s: float | None = None,
             as_user: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
-        """Run ``bin_dir/cmd args...``; returns the CompletedProcess (text).
+        """Run ``bin_dir/cmd args...``; returns the CompletedProcess (text). The observe gate
+        (class docstring): in observe mode a write is recorded and answered rc 0, not run.
 
         ``as_user``: (uid, gid) to run it as (root only; no supplementary groups, cwd ``/``), e.g.
         a step inside a user's job, which Slurm refuses to root.
         Raises :class:`SlurmCommandError` on timeout, a missing binary, or (``check``) rc != 0.
         """
+        if self.observe and not is_read(cmd, args) and not is_mailbox_post(cmd, args, self.mailbox_field):
+            argv = [cmd, *map(str, args)]
+            self.observed.append(argv)
+            if self.observer is not None:
+                self.observer(argv)
+            else:
+                log.info("observed (mode = observe, not run): %s", shlex.join(argv))
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        return self._exec(cmd, *args, check=check, timeout_s=timeout_s, as_user=as_user)
+
+    def _exec(self, cmd: str, *args: str, check: bool = True, timeout_s: float | None = None,
+              as_user: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
+        """The one place a Slurm binary is started (only :meth:`run`, the gate, calls it)."""
         argv = [os.path.join(self.bin_dir, cmd), *args]
         who = {} if as_user is None else {"user": as_user[0], "group": as_user[1], "extra_groups": [], "cwd": "/"}
         try:
@@ -254,13 +317,76 @@ def parse_kv_line(text: str) -> dict[str, str]:
     return out
 
 
+_CONFIG_LINE = re.compile(r"^(\w[\w/.-]*?)(?:\[(\d+)\])?\s+=\s?(.*)$")
+
+
 def parse_config(text: str) -> dict[str, str]:
-    """Parse ``scontrol show config``: one ``Key   = Value`` per line (headers skipped)."""
+    """Parse ``scontrol show config``: one ``Key   = Value`` per line (headers skipped; first
+    occurrence of a key wins).
+
+    Both shapes of a list setting are read: 22.05 prints ``Prolog = /a,/b``; 24.11 prints one
+    indexed line per entry, ``Prolog[0] = /a`` ``Prolog[1] = /b`` (also ``SlurmctldHost[0]``).
+    Each indexed line is kept under its own key (``Prolog[0]``), and the entries are also joined,
+    in index order, under the bare key (``Prolog = "/a,/b"``) unless a bare line exists: callers
+    read ``Prolog`` whatever the version."""
     out: dict[str, str] = {}
+    indexed: dict[str, dict[int, str]] = {}
     for line in text.splitlines():
-        m = re.match(r"^(\w[\w/.-]*(?:\[\d+\])?)\s+=\s?(.*)$", line)  # SlurmctldHost[0] = ...
-        if m:
-            out.setdefault(m.group(1), m.group(2).strip())
+        m = _CONFIG_LINE.match(line)
+        if not m:
+            continue
+        key, index, value = m.group(1), m.group(2), m.group(3).strip()
+        if index is None:
+            out.setdefault(key, value)
+        else:
+            out.setdefault(f"{key}[{index}]", value)
+            indexed.setdefault(key, {}).setdefault(int(index), value)
+    for key, entries in indexed.items():
+        values = [entries[i] for i in sorted(entries) if entries[i] not in _EMPTY]
+        out.setdefault(key, ",".join(values))
+    return out
+
+
+#: One gres entry as Slurm prints it: ``name[:type][:count[KMGTP]][(S:0-1)]``.
+_GRES_ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)((?::[A-Za-z0-9_.+-]+)*?)(?::(\d{1,9})([KMGTP]?))?"
+                        r"(?:\([^()]*\))?$")
+_GRES_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+def parse_gres(text: str | None) -> dict[str, int]:
+    """A node's generic resources as Slurm prints them -> ``{name: count}`` (counts of the same
+    name, e.g. two GPU types, added up).
+
+    ``text``: ``Gres=`` of ``scontrol show node -o`` (22.05 and 24.11), ``gres`` of a ``sinfo
+    --json`` node record, or ``Gres=`` of a slurm.conf node line::
+
+        parse_gres("gpu:h100:8(S:0-1)")            == {"gpu": 8}
+        parse_gres("gpu:a100:4(S:0),gpu:v100:2,mps:200") == {"gpu": 6, "mps": 200}
+        parse_gres("gpu")                          == {"gpu": 1}
+        parse_gres("(null)") == parse_gres("") == parse_gres(None) == {}
+
+    Raises :class:`SlurmCommandError` on anything else (the message quotes it): a caller treats
+    an unreadable record as "unknown", never as "no GPUs"."""
+    if text is None or text.strip() in _EMPTY:
+        return {}
+    out: dict[str, int] = {}
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):  # split on commas outside "(S:0,1)"
+        depth += (ch == "(") - (ch == ")")
+        if depth < 0 or depth > 1:
+            break
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    if depth != 0:
+        raise SlurmCommandError(f"not a gres list: {text[:200]!r}")
+    for item in items:
+        m = _GRES_ITEM.match(item.strip())
+        if not m:
+            raise SlurmCommandError(f"not a gres list: {text[:200]!r} (at {item[:80]!r})")
+        count = 1 if m.group(3) is None else int(m.group(3)) * _GRES_SUFFIX[m.group(4)]
+        out[m.group(1)] = out.get(m.group(1), 0) + count
     return out
 
 

@@ -115,8 +115,10 @@ def _failing_check(monkeypatch, act):
     from slurm_ft import health
     from slurm_ft.health import actions
     posted = []
-    monkeypatch.setattr(health, "run_checks", lambda cfg, node: [CheckResult("row_remap", "fail", 0, "GPU0 row "
-                                                                             "remap pending")])
+    from slurm_ft.health.scope import Scope
+    monkeypatch.setattr(prolog, "health_scope", lambda *a: Scope(("row_remap",), 1, "a GPU node"))
+    monkeypatch.setattr(health, "run_checks", lambda cfg, node, **kw: [CheckResult("row_remap", "fail", 0, "GPU0 row "
+                                                                                   "remap pending")])
     monkeypatch.setattr(actions, "journal_results", lambda *a, **k: None)
     monkeypatch.setattr(actions, "act_on_node", act)
     monkeypatch.setattr(mailbox, "post", lambda *a, **k: posted.append(a))
@@ -223,3 +225,142 @@ def test_ctld_hook_exits_0_whatever_fails(tmp_path):
             assert p.returncode == 0, (injected, sh, p.stderr)
     p = subprocess.run(["/bin/sh", str(HOOK)], env=env, capture_output=True, timeout=10)
     assert p.returncode == 0 and len(list(tmp_path.glob("*.42.start"))) == 1
+
+
+# ------------------------------------------------------------------------------ the prolog/epilog wrappers (sh)
+# A crash before Python reaches @root_entry (an import error of a broken venv or a bad upgrade, a
+# missing interpreter, a signal) is answered by the wrapper slurmd runs: the Python entry says a
+# deliberate refusal with boundary.EXIT_DRAIN, everything else non-zero follows on_internal_error.
+SAFE_PATH = "PATH=/usr/sbin:/usr/bin:/sbin:/bin"
+KINDS = ["prolog", "epilog"]
+FLAVOURS = ["checkout", "installed"]
+
+
+def _wrapper(tmp: Path, kind: str, flavour: str, python: str) -> Path:
+    """The ``kind`` wrapper under ``tmp``: the checkout's (``<tmp>/prolog/slurm-ft-prolog``, its
+    Python a link ``<tmp>/.venv/bin/python`` -> ``python``) or as ``slurm-ft install`` renders it
+    (``PYTHON=python``); first on its PATH a ``logger`` that appends its arguments to ``<tmp>/syslog``."""
+    from slurm_ft import assets
+    bindir = tmp / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "logger").write_text(f'#!/bin/sh\necho "$*" >> "{tmp}/syslog"\n')
+    (bindir / "logger").chmod(0o755)
+    if flavour == "checkout":
+        text = (repo_root() / kind / f"slurm-ft-{kind}").read_text()
+        venv = tmp / ".venv" / "bin"
+        venv.mkdir(parents=True, exist_ok=True)
+        (venv / "python").unlink(missing_ok=True)
+        (venv / "python").symlink_to(python)
+        path = tmp / kind / f"slurm-ft-{kind}"
+        path.parent.mkdir(exist_ok=True)
+    else:
+        text = assets.render_wrapper(kind, python, f"/usr/local/libexec/slurm-ft/slurm-ft-{kind}")
+        path = tmp / f"slurm-ft-{kind}"
+    assert text.count(SAFE_PATH) == 1
+    path.write_text(text.replace(SAFE_PATH, f"PATH={bindir}:/usr/sbin:/usr/bin:/sbin:/bin"))
+    path.chmod(0o755)
+    return path
+
+
+def _fake_python(tmp: Path, body: str) -> str:
+    path = tmp / "fake-python"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _run_wrapper(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", str(path)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def _syslog(tmp: Path) -> list[str]:
+    try:
+        return (tmp / "syslog").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["pass", "drain"])
+def test_a_python_that_cannot_import_slurm_ft_is_answered_by_the_wrapper(tmp_path, kind, flavour, mode):
+    """A real interpreter without slurm_ft (a broken venv, a bad upgrade): ``-m slurm_ft.<kind>``
+    dies before the boundary (Python's status 1). The wrapper logs one syslog line and exits as
+    on_internal_error says: 0 under ``pass`` (no cluster-wide drain), 1 under ``drain``."""
+    import sys
+    base = getattr(sys, "_base_executable", "") or shutil.which("python3")
+    if subprocess.run([base, "-I", "-c", "import slurm_ft"], capture_output=True, timeout=60).returncode == 0:
+        pytest.skip(f"{base} imports slurm_ft: no interpreter without it here")
+    p = _run_wrapper(_wrapper(tmp_path, kind, flavour, base), _site(tmp_path, mode))
+    assert p.returncode == boundary.EXIT[mode], p.stderr
+    assert "No module named" in p.stderr
+    (line,) = _syslog(tmp_path)
+    assert line.startswith(f"-p daemon.err -t slurm-ft slurm-ft {kind}: ") and "status 1," in line
+    assert f"on_internal_error = {mode}" in line
+
+
+@settings(max_examples=150, deadline=None)
+@given(status=st.integers(0, 255), kind=st.sampled_from(KINDS), flavour=st.sampled_from(FLAVOURS),
+       mode=st.sampled_from(["pass", "drain"]))
+def test_the_wrapper_maps_every_exit_status(tmp_path_factory, status, kind, flavour, mode):
+    """0 -> 0; boundary.EXIT_DRAIN (a deliberate refusal/drain) -> 1 whatever the policy; any other
+    status is a crash before the boundary -> on_internal_error (0 or 1), said in syslog."""
+    tmp = tmp_path_factory.mktemp("w")
+    path = _wrapper(tmp, kind, flavour, _fake_python(tmp, 'exit "$FAKE_STATUS"'))
+    p = _run_wrapper(path, {**_site(tmp, mode), "FAKE_STATUS": str(status)})
+    want = 0 if status == 0 else 1 if status == boundary.EXIT_DRAIN else boundary.EXIT[mode]
+    assert p.returncode == want, (status, p.stderr)
+    lines = _syslog(tmp)
+    assert len(lines) == (0 if status in (0, boundary.EXIT_DRAIN) else 1), lines
+    shutil.rmtree(tmp)
+
+
+@pytest.mark.parametrize("mode", ["pass", "drain"])
+@pytest.mark.parametrize("crash", ["signal", "missing"])
+def test_a_signal_or_a_missing_interpreter_follows_on_internal_error(tmp_path, crash, mode):
+    python = _fake_python(tmp_path, "kill -KILL $$") if crash == "signal" else "/nonexistent/slurm-ft/bin/python"
+    for kind in KINDS:
+        p = _run_wrapper(_wrapper(tmp_path, kind, "installed", python), _site(tmp_path, mode))
+        assert p.returncode == boundary.EXIT[mode], (kind, p.stderr)
+    lines = _syslog(tmp_path)
+    assert len(lines) == 2 and all(("status 137," if crash == "signal" else "status 127,") in x for x in lines), lines
+
+
+def test_a_deliberate_drain_exits_1_under_pass(tmp_path):
+    """The prolog process refusing a job (a failing GPU check) exits EXIT_DRAIN: still 1."""
+    assert boundary.process_status(0) == 0 and boundary.process_status(1) == boundary.EXIT_DRAIN == 3
+    path = _wrapper(tmp_path, "prolog", "checkout", _fake_python(tmp_path, f"exit {boundary.EXIT_DRAIN}"))
+    p = _run_wrapper(path, _site(tmp_path, "pass"))
+    assert p.returncode == 1 and _syslog(tmp_path) == []
+
+
+def test_the_installed_wrapper_runs_the_real_prolog_and_epilog(tmp_path):
+    """The real interpreter of this venv through the installed wrapper: a job with nothing to
+    check passes (0), no syslog line."""
+    import sys
+    for kind in KINDS:
+        p = _run_wrapper(_wrapper(tmp_path, kind, "installed", sys.executable), _site(tmp_path, "drain"))
+        assert p.returncode == 0, (kind, p.stderr)
+    assert _syslog(tmp_path) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=st.sampled_from(["pass", "drain"]), quote=st.sampled_from(['"', "'"]),
+       before=st.sampled_from(["", " ", "\t", "  "]), around=st.sampled_from(["=", " = ", "\t=  ", " ="]),
+       comment=st.sampled_from(["", "  # site policy", " #x", "\t"]), beside=st.booleans())
+def test_the_wrapper_reads_the_policy_the_config_loader_reads(tmp_path_factory, value, quote, before, around,
+                                                              comment, beside):
+    """The crash path reads ``on_internal_error`` from the file slurm-ft would load
+    (``SLURM_FT_CONFIG``, else ``slurm-ft.toml`` beside ``SLURM_CONF``), in every spelling of the
+    plain line; the wrapper and slurm_ft.config agree."""
+    tmp = tmp_path_factory.mktemp("c")
+    cfg = tmp / "etc" / "slurm-ft.toml"
+    cfg.parent.mkdir()
+    cfg.write_text(f'[journal]\npath = "{tmp}/j.db"\n\n[node_state]\ndir = "{tmp}/state"\n'
+                   f"{before}on_internal_error{around}{quote}{value}{quote}{comment}\n")
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1"}
+    env.update({"SLURM_CONF": str(tmp / "etc" / "slurm.conf")} if beside else {"SLURM_FT_CONFIG": str(cfg)})
+    assert config_mod.load(env=env).node_state.on_internal_error == value
+    p = _run_wrapper(_wrapper(tmp, "epilog", "installed", _fake_python(tmp, "exit 1")), env)
+    assert p.returncode == boundary.EXIT[value]
+    shutil.rmtree(tmp)

@@ -380,3 +380,58 @@ def test_exclude_and_boost_reads_the_reservation(journal):
 def test_modes_match_the_config_key():
     from slurm_ft.config import FailoverConfig
     assert FailoverConfig().unsatisfiable == constraints.HOLD and set(constraints.MODES) == {"hold", "relax"}
+
+
+# ----------------------------------------------------------------------------- prolog refusal (issue 24, item 4)
+def _refused(tmp_path, monkeypatch, required, mode="hold"):
+    from daemon_world import WIDE_BREAKER, World
+
+    w = World(tmp_path, nodes=4, breaker=f'unsatisfiable = "{mode}"\n{WIDE_BREAKER}', monkeypatch=monkeypatch)
+    jid = w.start(required=required)
+    node = w.job(jid).nodes[0]
+    w.step()
+    w.slurm.prolog_fail(jid)          # the prolog's health check refused the node: Slurm requeued it held
+    w.step(n=8)
+    return w, jid, node
+
+
+def test_prolog_refusal_of_a_pinned_job_holds_it_with_a_reason(tmp_path, monkeypatch):
+    """Before: released with the node excluded, so Slurm left it pending with BadConstraints forever
+    and ft-history said ``running``."""
+    from slurm_ft.history import history, render_table
+
+    w, jid, node = _refused(tmp_path, monkeypatch, ["n1"])
+    reason = "n1 excluded after a failed health check (gpu-count); the job requires it (--nodelist=n1)"
+    job = w.job(jid)
+    assert job.state == "PENDING" and job.held == "admin" and job.priority == 0
+    assert job.excluded == set() and job.required == ["n1"]          # still pinned, not excluded
+    assert job.admin_comment.startswith(f"slurm-ft: held: {reason} ft:retries=3,")
+    assert w.ft_state(jid) == policy.HELD
+    with w.journal() as j:
+        acts = j.actions(jid)
+        h = history(j, jid)
+    assert [(a["detail"], a["status"]) for a in acts if a["action"] == "hold"] == [(reason, "done")]
+    assert [a["status"] for a in acts if a["action"] == "release"] == ["skipped"]
+    assert f"ft state held: {reason}" in render_table(h)
+    w.step(n=20)                                                   # no retry loop, still held
+    assert w.job(jid).held == "admin" and w.ft_state(jid) == policy.HELD
+    with w.journal() as j:
+        assert len([a for a in j.actions(jid) if a["action"] == "hold"]) == 1
+
+
+def test_prolog_refusal_of_a_pinned_job_relaxed_runs_elsewhere(tmp_path, monkeypatch):
+    w, jid, node = _refused(tmp_path, monkeypatch, ["n1", "n2"], mode="relax")
+    w.step(n=4)
+    job = w.job(jid)
+    assert job.state == "RUNNING" and job.nodes == ["n2"] and job.required == ["n2"]
+    with w.journal() as j:
+        assert [a["status"] for a in j.actions(jid) if a["action"] == "relax"] == ["done"]
+
+
+def test_prolog_refusal_of_an_unpinned_job_is_released_elsewhere(tmp_path, monkeypatch):
+    w, jid, node = _refused(tmp_path, monkeypatch, [])
+    w.step(n=4)
+    job = w.job(jid)
+    assert job.state == "RUNNING" and node not in job.nodes and node in job.excluded
+    with w.journal() as j:
+        assert not [a for a in j.actions(jid) if a["action"] == "hold"]

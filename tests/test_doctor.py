@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from slurm_ft import assets, config as config_mod, daemonlock, doctor, install
 from slurm_ft.cli import main
+from slurm_ft.health.scope import NodeFacts
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm import parse_config
 
@@ -64,7 +65,8 @@ def env_for(site, roles=("node", "controller"), conf=None, **kw) -> doctor.Env:
                 conf=doctor.lower_keys(parse_config(site["show"])) if conf is None else conf,
                 conf_source="scontrol show config", conf_dir=site["conf_dir"], host="n1",
                 nvml_probe=lambda node: (True, "NVML answered in 0.01 s; 8 GPUs"),
-                python_probe=lambda py, mod: None)
+                python_probe=lambda py, mod: None, node_facts=lambda node: NodeFacts(node, 8, ("gpu",)),
+                kernel_log_probe=lambda: None)
     base.update(kw)
     return doctor.Env(**base)
 
@@ -202,7 +204,70 @@ def test_nvml_unreachable_fails_on_a_node(site):
     env = env_for(site, roles=("node",), nvml_probe=lambda node: (False, "NVML init failed: Driver Not Loaded"))
     c = by_name(doctor.run(env))["nvml"]
     assert c.status == "FAIL" and "Driver Not Loaded" in c.detail and "nvidia-smi" in c.fix
+    assert "the prolog will drain this node" in c.detail
     assert "nvml" not in by_name(doctor.run(env_for(site, roles=("controller",))))
+
+
+def test_a_node_without_gres_gpu_and_without_a_driver_passes(site):
+    env = env_for(site, roles=("node",), nvml_probe=lambda node: (False, "NVML init failed: Driver Not Loaded"),
+                  node_facts=lambda node: NodeFacts(node, 0, ("cpu",)))
+    checks = doctor.run(env)
+    assert not doctor.failed(checks)
+    c = by_name(checks)
+    assert c["nvml"].status == "SKIP" and "Slurm: no gres/gpu" in c["nvml"].detail
+    assert c["health"].status == "OK" and c["health"].detail == (
+        "no GPU checks on this node (Slurm: no gres/gpu): the prolog passes every job here")
+
+
+def test_health_line_says_what_runs_and_what_a_fail_does(site):
+    c = by_name(doctor.run(env_for(site, roles=("node",))))["health"]
+    assert c.status == "OK" and "expecting 8 GPU(s) (Slurm: gres/gpu:8" in c.detail
+    assert "nvml_responsive, gpu_count" in c.detail and "drains this node" in c.detail
+    site["cfg"].write_text(site["cfg"].read_text() + '[health]\nexclude_nodes = "n[1-2]"\n')
+    checks = by_name(doctor.run(env_for(site, roles=("node",),
+                                        nvml_probe=lambda node: (False, "NVML init failed"))))
+    assert "exclude_nodes" in checks["health"].detail and checks["nvml"].status == "SKIP"
+
+
+FAKE_SCONTROL = """#!/bin/sh
+if [ "$1 $2" = "show config" ]; then cat {show}; exit 0; fi
+if [ "$1 $2 $3" = "show node -o" ]; then
+  echo "NodeName=$4 Arch=x86_64 CPUTot=4 Gres={gres} Partitions=gpu State=IDLE"; exit 0
+fi
+exit 1
+"""
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11"])
+@pytest.mark.parametrize("gres", ["gpu:h100:2(S:0)", "(null)"])
+def test_doctor_exits_0_on_a_correct_host_of_each_slurm_version(site, monkeypatch, version, gres):
+    """`scontrol show config` of 22.05 (``Prolog = …``) and 24.11 (``Prolog[0] = …``); a GPU node
+    (Slurm: gres/gpu:2, NVML sees 2) and a node without gres/gpu (no NVML at all)."""
+    tmp = site["tmp"]
+    text = (Path(__file__).parent / "fixtures/scontrol" / f"show_config_{version}.txt").read_text()
+    libexec = site["libexec"]
+    (tmp / "show").write_text(text.format(prolog=libexec / "slurm-ft-prolog", epilog=libexec / "slurm-ft-epilog",
+                                          plugindir=tmp / "plugins", conf_dir=site["conf_dir"]))
+    bindir = tmp / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(FAKE_SCONTROL.format(show=tmp / "show", gres=gres))
+    (bindir / "scontrol").chmod(0o755)
+    if gres != "(null)":
+        from slurm_ft.nvml.fake import write_inventory
+        write_inventory(str(tmp / "nvml-n1.json"), "n1", [{}, {}])
+    site["cfg"].write_text(site["cfg"].read_text() + f'[slurm]\nbin_dir = "{bindir}"\n'
+                           f'[nvml]\nbackend = "fake"\ninventory = "{tmp}/nvml-{{node}}.json"\n'
+                           f'[health]\nisolation = "thread"\n')
+    monkeypatch.setattr(doctor, "python_probe", lambda py, mod: None)
+    r = CliRunner().invoke(main, ["doctor", "--role", "all", "--node", "n1", "--config", str(site["cfg"])])
+    assert r.exit_code == 0, r.output
+    lines = {line.split()[1]: line for line in r.output.splitlines()[1:]}
+    assert lines["prolog"].startswith("OK") and lines["epilog"].startswith("OK")
+    if gres == "(null)":
+        assert "no GPU checks on this node (Slurm: no gres/gpu)" in lines["health"]
+        assert lines["nvml"].startswith("SKIP")
+    else:
+        assert "Slurm: gres/gpu:2" in lines["health"] and lines["nvml"].startswith("OK")
 
 
 def test_journal_unreadable_file_fails(site):
@@ -240,3 +305,46 @@ def test_cli_reads_slurm_conf_and_exits_1_on_failure(site, monkeypatch):
     data = json.loads(r.output)
     assert data["roles"] == ["controller"]
     assert {c["name"]: c["status"] for c in data["checks"]}["daemon"] == "FAIL"
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_path = st.from_regex(r"/[a-z0-9_./-]{1,30}", fullmatch=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_path, min_size=1, max_size=4), st.sampled_from(["Prolog", "Epilog", "TaskProlog"]))
+def test_list_settings_read_the_same_from_22_05_and_24_11(paths, key):
+    """22.05 prints ``Key = a,b``; 24.11 prints ``Key[0] = a`` ``Key[1] = b``: one value either way."""
+    old = parse_config(f"{key:<24}= {','.join(paths)}\nPrologFlags = Alloc\n")
+    new = parse_config("".join(f"{key}[{i}]{'':<10}= {p}\n" for i, p in enumerate(paths)) + "PrologFlags = Alloc\n")
+    assert old[key] == new[key] == ",".join(paths)
+    assert doctor._values(doctor.lower_keys(new)[key.lower()]) == paths
+
+
+# ---------------------------------------------------------------- kernel log (issue 24, item 7)
+def test_an_unreadable_kernel_log_warns_on_a_gpu_node(site, monkeypatch):
+    """In a container (no /dev/kmsg for root, no dmesg) the epilog has no Xid evidence: doctor says
+    so where an admin looks, with the fix, and does not fail the host for it."""
+    env = env_for(site, roles=("node",), kernel_log_probe=lambda: "/dev/kmsg: Operation not permitted")
+    checks = doctor.run(env)
+    c = by_name(checks)["kernel-log"]
+    assert c.status == "WARN" and c.fix and not doctor.failed(checks)
+    assert c.detail.startswith("kernel log unreadable: GPU faults are found only by the trusted checks")
+    assert "Operation not permitted" in c.detail
+    assert by_name(doctor.run(env_for(site, roles=("node",))))["kernel-log"].status == "OK"
+    assert "kernel-log" not in by_name(doctor.run(env_for(site, roles=("controller",))))
+    # a node without GPU checks: nothing to warn about
+    cpu = env_for(site, roles=("node",), kernel_log_probe=lambda: "no /dev/kmsg",
+                  node_facts=lambda node: NodeFacts(node, 0, ("cpu",)))
+    assert by_name(doctor.run(cpu))["kernel-log"].status == "SKIP"
+    # the real probe is the epilog's own read (read_kmsg), its error text passed on
+    from slurm_ft.classify import sources
+    from slurm_ft.errors import EvidenceError
+
+    def refuse(since, **kw):
+        raise EvidenceError("kernel log unreadable (/dev/kmsg: Operation not permitted) and no dmesg in /usr/bin/dmesg")
+    monkeypatch.setattr(sources, "read_kmsg", refuse)
+    assert "Operation not permitted" in doctor.kernel_log_probe()
+    monkeypatch.setattr(sources, "read_kmsg", lambda since, **kw: [])
+    assert doctor.kernel_log_probe() is None

@@ -194,13 +194,15 @@ def _lua_quote(s: str | None) -> str:
 
 
 def run_submit(lua: str, tmp_path: Path, *, comment: str | None = None, spank: dict | None = None,
-               max_retries: int = 10, default_retries: int = DEFAULT, uid: int = 1001) -> dict:
+               max_retries: int = 10, default_retries: int = DEFAULT, uid: int = 1001,
+               work_dir: str | None = None) -> dict:
     """slurm_job_submit on a stub job_desc; returns rc, comment, admin_comment, requeue, msgs."""
     script = _write_script(tmp_path, max_retries, default_retries)
     env = [f"{k}={v}" for k, v in (spank or {}).items()]
     env_lua = "{" + ", ".join(f"[{i}] = {_lua_quote(e)}" for i, e in enumerate(env)) + "}"
     body = f"""
-local jd = {{ comment = {_lua_quote(comment)}, spank_job_env = {env_lua}, spank_job_env_size = {len(env)} }}
+local jd = {{ comment = {_lua_quote(comment)}, spank_job_env = {env_lua}, spank_job_env_size = {len(env)},
+             work_dir = {_lua_quote(work_dir)} }}
 local rc = slurm_job_submit(jd, {{}}, {uid})
 print("rc", rc)
 print("comment", hex(jd.comment))
@@ -211,10 +213,10 @@ print("msgs", hex(table.concat(slurm.user_msgs, "\\n")))
     return _run_body(lua, tmp_path, script, body)
 
 
-def run_modify(lua: str, tmp_path: Path, *, old: str | None, new: str | None) -> dict:
+def run_modify(lua: str, tmp_path: Path, *, old: str | None, new: str | None, work_dir: str | None = None) -> dict:
     script = _write_script(tmp_path)
     body = f"""
-local jd = {{ comment = {_lua_quote(new)} }}
+local jd = {{ comment = {_lua_quote(new)}, work_dir = {_lua_quote(work_dir)} }}
 local rec = {{ comment = {_lua_quote(old)} }}
 local rc = slurm_job_modify(jd, rec, {{}}, 1001)
 print("rc", rc)
@@ -416,3 +418,27 @@ def test_rendered_job_submit_compiles(luac_name, tmp_path):
     f.write_text(lab_spank.render_job_submit(10, 3))
     proc = subprocess.run([luac, "-p", str(f)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("lua_name", LUAS)
+def test_a_line_break_in_the_working_directory_is_refused_at_submit_and_modify(lua_name, tmp_path):
+    """WorkDir is printed unescaped in ``scontrol show job``: a line break in it could add lines that
+    read as fields Slurm printed (an AdminComment record on a job without one). Every job, ft or
+    not, with a CR or LF anywhere in ``--chdir`` is refused; any other directory passes."""
+    from hypothesis import given, settings, strategies as st
+
+    lua = _lua(lua_name)
+    forged = "/home/u/x\n   AdminComment=slurm-ft:submitted ft:retries=9"
+    for spank in (None, SPANK):
+        out = run_submit(lua, tmp_path, comment="plain job", spank=spank, work_dir=forged)
+        assert out["rc"] == -1 and "line break" in out["msgs"], out
+    assert run_modify(lua, tmp_path, old="x", new=None, work_dir="/w\r")["rc"] == -1
+    assert run_modify(lua, tmp_path, old="x", new="y", work_dir=None)["rc"] == 0
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40))
+    def check(work_dir):
+        out = run_submit(lua, tmp_path, comment="plain job", work_dir=work_dir)
+        assert (out["rc"] == -1) == ("\n" in work_dir or "\r" in work_dir), (work_dir, out)
+
+    check()

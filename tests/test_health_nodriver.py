@@ -115,7 +115,9 @@ def test_cli_act_prints_the_drain_note(no_driver, monkeypatch, tmp_path):
     """Through the CLI: results pass (fake healthy), the node is drained: the note is on stderr."""
     from slurm_ft import slurm as slurm_mod
     import slurm_ft.health as health_pkg
-    monkeypatch.setattr(health_pkg, "run_checks", lambda cfg, node, only=None: PASS)
+    from slurm_ft.health import scope
+    monkeypatch.setattr(health_pkg, "run_checks", lambda cfg, node, only=None, **kw: PASS)
+    monkeypatch.setattr(scope, "node_facts", lambda *a, **k: scope.NodeFacts("n1", 8))   # Slurm: gres/gpu:8
     monkeypatch.setattr(slurm_mod.Slurm, "from_config",
                         classmethod(lambda cls, cfg: FakeSlurm(reason="slurm-ft: Xid 79 GPU 0000:10:00 (job 12)")))
     monkeypatch.setattr(actions, "journal_results", lambda *a, **k: None)

@@ -68,6 +68,7 @@ def test_invalid_inventory_is_init_fail_not_crash(tmp_path):
 
 def test_dead_worker_is_fail_with_its_stderr(tmp_path, monkeypatch):
     cfg = config(tmp_path, "subprocess")
+    monkeypatch.setattr(runner, "FORK_WORKER", False)    # the spawned worker (a forked one: test_prolog_detach)
     monkeypatch.setattr(runner, "worker_argv", lambda: [
         sys.executable, "-c", "import sys; sys.stderr.write('Segmentation fault'); sys.exit(139)"])
     results = run_checks(cfg, "n1")

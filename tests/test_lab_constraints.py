@@ -78,3 +78,40 @@ def test_relax_clears_the_pin_after_a_real_requeue(lab, slurm, tmp_path):
             assert running.nodes != node
     finally:
         slurm.run("scancel", str(job_id), check=False)
+
+
+def test_pinned_job_refused_by_the_prolog_is_held_not_bad_constraints(lab, slurm, ft_history):
+    """Issue 24, item 4: a job pinned (``-w``) to a node whose prolog health check fails was
+    released with that node excluded and sat in BadConstraints forever while ft-history said
+    ``running``. Now: held with a reason, and ft-history says ``held: <reason>``."""
+    import sys
+
+    from slurm_ft.history import render_table
+
+    node = lab.nodes()[-1]
+    set_gpu = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "set-gpu", node, "0",
+                              "row_remap_pending=true", "--dir", str(lab.lay.dir)],
+                             capture_output=True, text=True, timeout=60)
+    assert set_gpu.returncode == 0, set_gpu.stderr
+    sub = submit_training(lab, steps=8, step_time=0.1, comment="pinned-refused",
+                          extra=["--ft", "--ft-retries=2", "-w", node])
+    try:
+        reason = f"{node} excluded after a failed health check (row_remap); the job requires it (--nodelist={node})"
+        h = ft_history(sub.job_id, lambda h: h["ft_state"] == "held", timeout_s=90)
+        holds = [a for at in h["attempts"] for a in at["actions"] if a["action"] == "hold"]
+        assert [a["detail"] for a in holds] == [reason]
+        assert f"ft state held: {reason}" in render_table(h)
+        job = slurm.wait_job(sub.job_id, lambda j: j.admin_comment.startswith("slurm-ft: held:"), 30, 0.2)
+        assert job is not None and job.state == "PENDING" and job.priority == 0, job
+        assert job.admin_comment.startswith(f"slurm-ft: held: {reason} ft:retries=2,")
+        assert node not in split_nodes(job.excluded_nodes) and job.raw["required_nodes"] == node
+        assert slurm.show_node(node)["Reason"].startswith("slurm-ft: row_remap:")
+        # still held a few scheduling passes later: never released into BadConstraints
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            job = slurm.job(sub.job_id)
+            assert job.state == "PENDING" and job.priority == 0 and job.reason != "BadConstraints", job.reason
+            time.sleep(0.5)
+        assert reason in lab.lay.log("daemon").read_text(errors="replace")
+    finally:
+        slurm.run("scancel", str(sub.job_id), check=False)

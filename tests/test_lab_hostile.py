@@ -333,3 +333,62 @@ def test_hostile_output_path_still_gets_a_verdict(lab, slurm, user, kind):
         slurm.run("scancel", str(job_id), check=False)
         shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(devdir, ignore_errors=True)
+
+
+def test_small_failing_jobs_do_not_evict_a_hardware_verdict(lab, slurm, user):
+    """Issue 27 item 9: a GPU ft job gets a real Xid 79; its epilog posts the hardware verdict in
+    its node's mailbox field (``Extra``, at most ``[failover] mailbox_keep`` = 16 records). With the
+    daemon stopped (so it cannot read the verdict first), the lab's ordinary user then runs 16
+    tiny failing ft jobs on that node, one after the other, each posting its own non-hardware
+    record. The hardware record stays in the field (two pools, slurm_ft.failover.mailbox.bounded;
+    the old newest-16 rule dropped it), and once the daemon runs it acts on it: the GPU job fails
+    over to another node and the node is drained with the Xid reason (the test resumed it after
+    the epilog's own drain, so this drain is the daemon's, from the mailbox)."""
+    from slurm_ft.failover import mailbox
+    from slurm_ft.lab.demo import submit_training, wait_started
+
+    def records(node):
+        return mailbox.parse(slurm.show_node(node).get("Extra", ""), node)
+
+    gpu_job = submit_training(lab, steps=400)
+    first = wait_started(slurm, gpu_job, timeout_s=120)
+    node = first.nodes
+    small: list[int] = []
+    lab.daemon_stop()
+    try:
+        inject_xid(node, 79, job_gpu_index(slurm, gpu_job.job_id))
+        hw = wait_for(lambda: [r for r in records(node) if r.job_id == gpu_job.job_id and r.hardware], 120,
+                      f"the hardware record of job {gpu_job.job_id} in {node}'s mailbox")
+        assert slurm.job(gpu_job.job_id).restart_count == 0        # nobody acted on it yet
+        # the epilog drained the node itself; let the small jobs in (as an admin might)
+        wait_for(lambda: slurm.job(gpu_job.job_id).ended, 60, f"job {gpu_job.job_id} to end")
+        if any(n.drained for n in slurm.nodes() if n.name == node):
+            slurm.resume(node)
+        wait_for(lambda: any(n.name == node and not n.drained and n.state.lower() in ("idle", "mixed")
+                             for n in slurm.nodes()), 60, f"{node} back in service")
+        jobs = lab.lay.jobs_dir
+        script = jobs / f"hostile-fail-{time.time_ns()}.sh"
+        script.write_text("#!/bin/sh\nexit 1\n")
+        os.chmod(script, 0o755)
+        for _ in range(16):
+            proc = run_as(LAB_USER, ["/usr/bin/sbatch", "--parsable", f"--output={jobs}/%j.out", "-w", node,
+                                     "--ft", "--ft-retries=0", str(script)], lab.env(), cwd=str(jobs))
+            assert proc.returncode == 0, proc.stderr
+            job_id = int(proc.stdout.strip().split(";")[0])
+            small.append(job_id)
+            rec = wait_for(lambda: [r for r in records(node) if r.job_id == job_id], 120,
+                           f"the record of small job {job_id} in {node}'s mailbox")
+            assert not rec[0].hardware
+        held = records(node)
+        assert len(held) == 16, held
+        assert hw[0] in held, f"the hardware verdict was evicted: {held}"
+        assert {r.job_id for r in held if not r.hardware} == set(small[1:])     # the 15 newest
+    finally:
+        lab.daemon_start()
+    again = wait_started(slurm, gpu_job, 1, timeout_s=180)
+    assert again.nodes != node and again.restart_count == 1
+    reason = wait_for(lambda: (r := slurm.show_node(node).get("Reason", "")).startswith("slurm-ft: Xid 79") and r,
+                      60, f"{node} drained with the Xid reason")
+    assert f"(job {gpu_job.job_id})" in reason
+    assert any(n.drained for n in slurm.nodes() if n.name == node)
+    slurm.run("scancel", str(gpu_job.job_id), *map(str, small), check=False)

@@ -177,3 +177,12 @@ def test_cli_serves_metrics(tmp_path):
         proc.terminate()
         proc.wait(10)
     assert proc.returncode == 0
+
+
+def test_time_to_recover_has_buckets_under_a_second():
+    """Issue 24: the lab recovers in about a second; every bucket was >= 1 s. Slurm's times are
+    whole seconds, so a recovery within the fault's second is 0 s and lands in le=0.5."""
+    assert metrics.RECOVER_BUCKETS[0] < 1.0 and list(metrics.RECOVER_BUCKETS) == sorted(metrics.RECOVER_BUCKETS)
+    fam = metrics._histogram("slurm_ft_time_to_recover_seconds", "doc", [0.0, 0.4, 1.0, 2.0])
+    buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
+    assert buckets["0.5"] == 2 and buckets["1.0"] == 3 and buckets["2.0"] == 4 and buckets["+Inf"] == 4

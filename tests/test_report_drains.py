@@ -271,3 +271,58 @@ def test_cli_output_without_permission_is_one_line_exit_1(world_dir):  # noqa: F
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "cannot write the report" in r.stderr and "permission denied" in r.stderr.lower()
     assert not os.listdir(locked)
+
+
+# ------------------------------------------------------------------------------------ acknowledgement (issue 24)
+def test_ack_clears_a_flapping_node_and_new_faults_count_again(tmp_path, monkeypatch):
+    """n1 flapped because of test drains: an admin acknowledges it (journaled, with a reason);
+    it is no longer flagged, its old faults are shown as acknowledged; a fault after the
+    acknowledgement counts again."""
+    from slurm_ft.report.ack import ACK_ACTION
+
+    cfg, slurm = _cluster(tmp_path)
+    conf = _write_config(tmp_path)
+    monkeypatch.setattr("slurm_ft.slurm.Slurm.from_config", classmethod(lambda cls, c: slurm))
+    r = CliRunner().invoke(main, ["report", "--config", str(conf), "--json", "--flap-threshold", "2"])
+    assert json.loads(r.output)["flapping"]["nodes"] == "n1"
+    r = CliRunner().invoke(main, ["report", "--config", str(conf), "--json", "--flap-threshold", "2",
+                                  "--ack", "n1", "--ack-reason", "test drains  of the burn-in"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["flapping"] == {"nodes": "", "gpus": []}
+    n1 = next(n for n in doc["node_faults"] if n["node"] == "n1")
+    assert n1["faults"] == 0 and n1["acknowledged"] == 3 and n1["acked"]["reason"] == "test drains of the burn-in"
+    with open_journal(cfg.journal.path, readonly=True) as j:
+        rows = [a for a in j.actions(0) if a["action"] == ACK_ACTION]
+    assert [(a["target"], a["status"]) for a in rows] == [("n1", "done")]
+    text = render(collect(cfg, slurm, now=time.time() + 10), "text")
+    assert "(+3 acknowledged" in text and "test drains of the burn-in" in text
+    # faults after the acknowledgement count again
+    later = time.time() + 5
+    with open_journal(cfg.journal.path) as j:
+        for job in (21, 22):
+            j.add_verdict(job, 0, "n1", "hardware", "xid-79", [{"xid": 79, "bus_id": BUS}], [], created=later)
+    data = collect(cfg, slurm, flap_threshold=2, now=later + 10)
+    assert [n.node for n in data.flapping_nodes] == ["n1"]
+    assert next(n for n in data.node_faults if n.node == "n1").faults == 2
+
+
+def test_ack_needs_a_reason_and_a_hostlist(tmp_path, monkeypatch):
+    cfg, slurm = _cluster(tmp_path)
+    conf = _write_config(tmp_path)
+    monkeypatch.setattr("slurm_ft.slurm.Slurm.from_config", classmethod(lambda cls, c: slurm))
+    r = CliRunner().invoke(main, ["report", "--config", str(conf), "--ack", "n1"])
+    assert r.exit_code == 2 and "reason" in r.output
+    r = CliRunner().invoke(main, ["report", "--config", str(conf), "--ack", "n[1", "--ack-reason", "x"])
+    assert r.exit_code == 1 and "not a Slurm hostlist" in r.output
+
+
+def test_observed_drains_are_reported_as_such(tmp_path):
+    cfg = _cfg(tmp_path)
+    with open_journal(cfg.journal.path) as j:
+        j.add_verdict(31, 0, "n2", "hardware", "xid-79", [{"xid": 79, "bus_id": BUS}], [])
+        _drain_record(j, 31, "n2", "slurm-ft: Xid 79 GPU 0000:10:00 (job 31)", "observed")
+    data = collect(cfg, _Slurm([]), now=time.time())
+    assert data.drains == []
+    assert [(x.node, x.outcome) for x in data.not_drained] == [("n2", "observed only ([failover] mode = observe)")]
+    assert "observed only" in render(data, "text")

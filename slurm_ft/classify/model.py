@@ -96,6 +96,9 @@ class Evidence:
       host, ``kernel:``; :func:`slurm_ft.classify.parse.message_body`).  Either way a record is
       evidence for hardware only when it BEGINS with a kernel-owned header
       (:func:`slurm_ft.classify.parse.kernel_header`); anything else in it is text.
+    kernel_log_error: why the kernel log could not be read ("" when it was, or when no kernel log
+      was asked for): kernel_lines are then empty for want of a source, not for want of a fault
+      (the epilog then runs the trusted GPU checks: :func:`slurm_ft.epilog.verify_untrusted`).
     """
 
     kernel_lines: list[str] | tuple[str, ...] = ()
@@ -108,6 +111,7 @@ class Evidence:
     prior_xids: tuple[PriorXid | tuple, ...] = ()
     now: float | None = None
     kernel_records: bool = False
+    kernel_log_error: str = ""
 
 
 @dataclass(frozen=True)

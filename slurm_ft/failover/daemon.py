@@ -73,6 +73,13 @@ class Daemon:
         self.clock = clock
         self.journal = open_daemon_journal(cfg, spool=True, busy_timeout_s=JOURNAL_BUSY_S)
         self.journal.clock = clock
+        if cfg.failover.mode == "observe":   # every Slurm write through the gate, journaled (.observe)
+            from .observe import ObservedJournal
+
+            self.journal = ObservedJournal(self.journal)
+            self.slurm.observe, self.slurm.observer = True, self.journal.observed
+            log.warning("[failover] mode = observe: decisions are journaled and logged as observed; "
+                        "nothing is changed in Slurm")
         fcfg = cfg.failover
         self.events = events if events is not None else (EventSpool(fcfg.events_dir) if fcfg.events_dir else None)
         self.effects = Effects(self)

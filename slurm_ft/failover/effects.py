@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
-from ..drain import drain_node, drain_reason
+from ..drain import OBSERVED, drain_node, drain_reason
 from ..errors import SlurmCommandError
 from ..slurm import Job, split_nodes
 from . import machine as m
@@ -49,6 +49,8 @@ class Effects:
 
     # ------------------------------------------------------------------ dispatch
     def apply(self, job: Job, action: m.Action, opts=None) -> None:
+        if hasattr(self.journal, "acting"):   # observe mode: whose would-be Slurm commands follow
+            self.journal.acting = (job.job_id, getattr(action, "attempt", job.restart_count))
         getattr(self, f"_{type(action).__name__}")(job, action, opts)
 
     def _Wake(self, job, a: m.Wake, opts) -> None:
@@ -125,6 +127,9 @@ class Effects:
 
         target = m.hostlist(a.nodes)
         running = self.d.bisect_proc
+        if getattr(self.slurm, "observe", False):   # a bisect runs jobs on the nodes it tests: never in observe mode
+            self.journal.record(job.job_id, a.attempt, "bisect-start", target, f"would start: {a.reason}")
+            return
         if running is not None and running.poll() is None:
             self.journal.record(job.job_id, a.attempt, "bisect-start", target,
                                 f"not started: bisect pid {running.pid} still running", status="skipped")
@@ -262,8 +267,8 @@ class Effects:
                 continue
             try:
                 outcome = drain_node(self.slurm, node, reason, breaker=self.d.cfg.breaker, nodes=self.d.nodes)
-                self.journal.finish(step, "done" if outcome == "drained" else "skipped",
-                                    None if outcome == "drained" else f"{outcome}: {reason}")
+                done = outcome in ("drained", OBSERVED)   # observed: journaled as such (.observe)
+                self.journal.finish(step, "done" if done else "skipped", None if done else f"{outcome}: {reason}")
                 if outcome.startswith("breaker-open"):
                     self.journal.record(job_id, attempt, "breaker-open", node, outcome)
                     self.d.breaker_latched = self.journal.breaker_latched()
@@ -287,8 +292,20 @@ class Effects:
         exclude the node, release, ``StartTime=now``, and a priority that keeps its place: at
         least the one it had (a release alone puts it behind every job submitted since) and above
         every waiting job. Applies to every job (ft-enabled or not), and does not count against
-        the retry budget: the job never ran."""
+        the retry budget: the job never ran.
+
+        A job that cannot run with the refused node excluded (pinned there with ``-w``, a feature
+        or reservation only it has: :func:`.steps.feasibility`) would pend with ``BadConstraints``
+        forever: it is held instead, as a failover holds one (``[failover] unsatisfiable``:
+        ``hold``, or ``relax`` where dropping the node from ``ReqNodeList`` suffices): ``scontrol
+        hold``, ``AdminComment`` ``slurm-ft: held: <reason>``, journal ``hold``, ft state ``held``."""
         excluded = split_nodes([job.excluded_nodes, *blamed])
+        fit = steps.feasibility(self.slurm, self.journal, job, attempt, excluded, blamed, nodes=self.d.nodes,
+                                unsatisfiable=self.fcfg.unsatisfiable)
+        if not fit.runnable:
+            self.try_update(job.job_id, **steps.hold(self.slurm, self.journal, job.job_id, attempt, fit.reason))
+            self.journal.finish(aid, "skipped", f"not released: held: {fit.reason}")
+            return
         self.slurm.update_job(job.job_id, ExcNodeList=m.hostlist(excluded))
         if job.priority == 0:
             self.slurm.release(job.job_id)
@@ -322,6 +339,8 @@ class Effects:
             return
         log.info("job %s: resuming unfinished %s of attempt %s", job.job_id, intent["action"], intent["attempt"])
         attempt = intent["attempt"]
+        if hasattr(self.journal, "acting"):
+            self.journal.acting = (job.job_id, attempt)
         if intent["action"] == "failover":
             detail = json.loads(intent["detail"] or "{}")
             self.failover(job, attempt, detail.get("reason", ""), tuple(detail.get("blamed", [])),

@@ -103,7 +103,8 @@ def drain(slurm, node: str, reason: str | None) -> str:
     done = drain_node(slurm, node, reason)
     return {"drained": f"drained ({reason})",
             "kept-admin-reason": "already drained by an admin: reason kept",
-            "already-drained": "already drained by slurm-ft: its first reason kept"}.get(done, done)
+            "already-drained": "already drained by slurm-ft: its first reason kept",
+            "observed": f"not drained: [failover] mode = observe (would drain: {reason})"}.get(done, done)
 
 
 def request(slurm, journal, node: str, failover_cfg, *, reason: str | None = None,

@@ -94,45 +94,15 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
     ``"relax"`` drops the excluded nodes from its required node list (``scontrol update
     ReqNodeList=<rest>``, verified on 22.05; journal action ``relax``) where that suffices and
     goes on with the failover, else holds. Returns ``"requeued"`` or ``"held"``."""
-    # local imports: only this function of the module is being changed in this pass
-    import logging
-
-    from ..slurm import parse_kv_line
-    from . import constraints
-
-    log = logging.getLogger(__name__)
     fresh = slurm.job(job_id)
     if fresh is None:
         return "requeued"
     blamed_before = [a["target"] for a in journal.actions(job_id) if a["action"] == "drain" and a["target"]]
     excluded = sorted(set(split_nodes(fresh.excluded_nodes)) | set(blamed_before) | set(blamed))
-    resv, resv_name = None, fresh.raw.get("resv_name") or ""
-    if isinstance(resv_name, str) and resv_name:
-        try:  # 22.05 has no --json here; an unknown reservation (rc 1) is simply not checked
-            proc = slurm.run("scontrol", "show", "reservation", "-o", resv_name, check=False)
-            resv = parse_kv_line(proc.stdout) if proc.returncode == 0 else None
-        except SlurmCommandError as exc:
-            log.debug("job %s: reservation %s not read: %s", job_id, resv_name, exc)
-    fit = constraints.check(fresh, nodes, excluded, blamed=blamed, reservation=resv,
-                            cause=constraints.fault_cause(journal.verdicts(job_id, attempt), blamed))
-    for note in fit.notes:
-        log.debug("job %s: constraint check: %s", job_id, note)
+    fit = feasibility(slurm, journal, fresh, attempt, excluded, blamed, nodes=nodes, unsatisfiable=unsatisfiable)
     outcome = "requeued"
-    if not fit.runnable and unsatisfiable == constraints.RELAX and fit.relaxed_nodelist is not None:
-        step = journal.intend(job_id, attempt, "relax", str(job_id), fit.relax_detail)
-        try:
-            slurm.update_job(job_id, ReqNodeList=fit.relaxed_nodelist)
-            journal.finish(step)
-            log.warning("job %s: relaxed: %s", job_id, fit.relax_detail)
-            fit = constraints.Feasibility(True)
-        except SlurmCommandError as exc:
-            journal.finish(step, "failed", f"{fit.relax_detail}; refused: {exc}")
     if not fit.runnable:
-        slurm.run("scontrol", "hold", str(job_id), check=False)
-        journal.record(job_id, attempt, "hold", str(job_id), fit.reason)
-        journal.set_ft_state(job_id, policy.HELD)
-        log.warning("job %s: held: %s", job_id, fit.reason)
-        fields = {"AdminComment": admin_comment(journal, job_id, f" held: {fit.reason}")}
+        fields = hold(slurm, journal, job_id, attempt, fit.reason)
         outcome = "held"
     else:
         if fresh.state == "PENDING" and fresh.priority == 0:
@@ -152,6 +122,56 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
         journal.finish(step, "failed", str(exc))
     journal.upsert_job(job_id, excluded_nodes=compress_nodes(excluded))
     return outcome
+
+
+def feasibility(slurm, journal, fresh: Job, attempt: int, excluded: list[str], blamed, *, nodes: list,
+                unsatisfiable: str = "hold"):
+    """Whether ``fresh`` (the job as Slurm shows it now) can run with ``excluded`` excluded
+    (:func:`slurm_ft.failover.constraints.check`, its reservation read with ``scontrol show
+    reservation -o``); under ``unsatisfiable = "relax"`` an unrunnable job pinned to excluded nodes
+    gets ``ReqNodeList=<the rest>`` (journal action ``relax``) where that suffices. Returns the
+    :class:`~slurm_ft.failover.constraints.Feasibility` that remains (runnable after a relax)."""
+    import logging
+
+    from ..slurm import parse_kv_line
+    from . import constraints
+
+    log = logging.getLogger(__name__)
+    job_id = fresh.job_id
+    resv, resv_name = None, fresh.raw.get("resv_name") or ""
+    if isinstance(resv_name, str) and resv_name:
+        try:  # 22.05 has no --json here; an unknown reservation (rc 1) is simply not checked
+            proc = slurm.run("scontrol", "show", "reservation", "-o", resv_name, check=False)
+            resv = parse_kv_line(proc.stdout) if proc.returncode == 0 else None
+        except SlurmCommandError as exc:
+            log.debug("job %s: reservation %s not read: %s", job_id, resv_name, exc)
+    fit = constraints.check(fresh, nodes, excluded, blamed=blamed, reservation=resv,
+                            cause=constraints.fault_cause(journal.verdicts(job_id, attempt), blamed))
+    for note in fit.notes:
+        log.debug("job %s: constraint check: %s", job_id, note)
+    if not fit.runnable and unsatisfiable == constraints.RELAX and fit.relaxed_nodelist is not None:
+        step = journal.intend(job_id, attempt, "relax", str(job_id), fit.relax_detail)
+        try:
+            slurm.update_job(job_id, ReqNodeList=fit.relaxed_nodelist)
+            journal.finish(step)
+            log.warning("job %s: relaxed: %s", job_id, fit.relax_detail)
+            fit = constraints.Feasibility(True)
+        except SlurmCommandError as exc:
+            journal.finish(step, "failed", f"{fit.relax_detail}; refused: {exc}")
+    return fit
+
+
+def hold(slurm, journal, job_id: int, attempt: int, reason: str) -> dict[str, str]:
+    """Hold a job that cannot run where slurm-ft lets it (``scontrol hold``; journal action
+    ``hold`` with ``reason``; ft state ``held``; a warning in the log). Returns the job fields
+    still to set: ``AdminComment`` = ``slurm-ft: held: <reason>`` (+ the job's options record)."""
+    import logging
+
+    slurm.run("scontrol", "hold", str(job_id), check=False)
+    journal.record(job_id, attempt, "hold", str(job_id), reason)
+    journal.set_ft_state(job_id, policy.HELD)
+    logging.getLogger(__name__).warning("job %s: held: %s", job_id, reason)
+    return {"AdminComment": admin_comment(journal, job_id, f" held: {reason}")}
 
 
 def clear_requeue_delay(slurm, journal, job: Job, *, start: str | None = "now") -> bool:

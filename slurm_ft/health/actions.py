@@ -34,7 +34,8 @@ def journal_results(cfg, node: str, results, job_id: int | None, log) -> None:
 
 def act_on_node(cfg, node: str, results, slurm, log) -> str:
     """Drain on a fail; resume a slurm-ft-drained node on a full pass if auto_resume is on.
-    Returns what was done: "drained", "kept-admin-reason", "already-drained", "breaker-open: ..."
+    Returns what was done: "drained", "observed" (``[failover] mode = "observe"``: the drain or
+    resume was only logged), "kept-admin-reason", "already-drained", "breaker-open: ..."
     (the circuit breaker stopped the drain, see slurm_ft.breaker), "resumed", "still-drained"
     (every check passes, the node stays drained: slurm-ft's drain without auto_resume, or an
     admin's; ``log`` says which and how to resume it) or "none"."""
@@ -54,6 +55,9 @@ def act_on_node(cfg, node: str, results, slurm, log) -> str:
         return "none"
     if why.startswith(LEADER) and cfg.failover.auto_resume:
         slurm.resume(node)
+        if getattr(slurm, "observe", False):   # [failover] mode = "observe": the client's gate held it back
+            log(f"{node}: all checks pass: observed (mode = observe), would resume (was: {why})")
+            return "observed"
         log(f"{node}: all checks pass: resumed (was: {why})")
         return "resumed"
     resume = f"scontrol update NodeName={node} State=RESUME"

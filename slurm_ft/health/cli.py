@@ -60,8 +60,9 @@ def render_table(node: str, results: list[CheckResult]) -> str:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="slurm-ft TOML config (default: the usual lookup order).")
 @click.option("--act", is_flag=True,
-              help="As Slurm's HealthCheckProgram (root): journal the results, drain the node on a fail "
-                   "(never over an admin's reason), resume a slurm-ft-drained node on a pass if "
+              help="As Slurm's HealthCheckProgram (root): run the checks the prolog runs on this node "
+                   "(none on a node without gres/gpu in Slurm, docs/health-checks.md), journal the results, "
+                   "drain the node on a fail (never over an admin's reason), resume a slurm-ft-drained node on a pass if "
                    "[failover] auto_resume is on.")
 @click.pass_context
 def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], node: str | None,
@@ -80,7 +81,20 @@ def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], n
         cfg = ctx.find_object(config_mod.Config) if config_path is None else None
         if cfg is None:
             cfg = config_mod.load(config_path)
-        results = run_checks(cfg, node, only=list(checks) or None)
+        expected = None
+        if act:  # as HealthCheckProgram: only the checks the prolog runs here (slurm_ft.health.scope)
+            from .config import from_config
+            from .scope import decide, node_facts, scontrol_lookup
+
+            hcfg = from_config(cfg.health)
+            scope = decide(node_facts(cfg.node_state.dir, node, ttl_s=hcfg.scope_cache_s,
+                                      lookup=scontrol_lookup(cfg), log=lambda m: click.echo(m, err=True)), hcfg)
+            wanted = [c for c in scope.checks if not checks or c in checks]
+            if not wanted:
+                click.echo(f"{node}: {scope.why}")
+                ctx.exit(0)
+            checks, expected = tuple(wanted), scope.expected_gpus
+        results = run_checks(cfg, node, only=list(checks) or None, expected_gpus=expected)
     except ConfigError as exc:
         raise UsageProblem(str(exc)) from None
     except SlurmFTError as exc:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, HostlistError
 
 #: Checks in run order (``nvml_responsive`` is not listed: it is always reported).
 CHECK_NAMES: tuple[str, ...] = (
@@ -95,6 +95,17 @@ class HealthConfig:
     #: Also read Xids from the kernel log of the last this-many seconds (0 = NVML event set
     #: only). Uses slurm_ft.classify's /dev/kmsg reader and Xid parser.
     xid_kmsg_window_s: float = 0.0
+    #: Scope (slurm_ft.health.scope, docs/health-checks.md "Which nodes are checked"): a Slurm
+    #: hostlist (ClusterShell syntax, ``gpu[01-64]``) of the nodes checked; "" = every node
+    #: whose Slurm record has ``gres/gpu``.
+    nodes: str = ""
+    #: Hostlist of nodes never checked (wins over ``nodes`` and ``partitions``).
+    exclude_nodes: str = ""
+    #: Only nodes in one of these Slurm partitions are checked; [] = any partition.
+    partitions: tuple[str, ...] = ()
+    #: Seconds the prolog reuses a node's Slurm record (its gres and partitions), cached under
+    #: ``[node_state] dir``, before asking slurmctld again (``scontrol show node``); 0 = every job.
+    scope_cache_s: float = 300.0
 
     @property
     def enabled(self) -> tuple[str, ...]:
@@ -181,6 +192,16 @@ def from_config(table: dict[str, Any]) -> HealthConfig:
         raise ConfigError(f"health.xid_wait_ms: at most 1000, got {cfg.xid_wait_ms}")
     if cfg.xid_kmsg_window_s < 0:
         raise ConfigError(f"health.xid_kmsg_window_s: must be >= 0, got {cfg.xid_kmsg_window_s}")
+    if cfg.scope_cache_s < 0:
+        raise ConfigError(f"health.scope_cache_s: must be >= 0, got {cfg.scope_cache_s}")
+    for key in ("nodes", "exclude_nodes"):
+        if not getattr(cfg, key):
+            continue
+        from ..slurm import split_nodes  # ClusterShell: only when a hostlist is set (the worker stays lean)
+        try:
+            split_nodes(getattr(cfg, key))
+        except HostlistError as exc:
+            raise ConfigError(f"health.{key}: {exc}") from None
     for node, n in cfg.expected_gpus_by_node.items():
         if n < 0:
             raise ConfigError(f"health.expected_gpus_by_node.{node}: must be >= 0, got {n}")

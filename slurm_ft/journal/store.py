@@ -201,7 +201,9 @@ class Journal:
             conn = self._connect_writer(self._gid)
         conn.text_factory = _decode_text
         try:
-            self.db = sqlite_utils.Database(conn)
+            # no sqlite-utils plugins: scanning every installed package's entry points cost the prolog
+            # and epilog ~20 ms each, and would run third-party code as root (issue 24)
+            self.db = sqlite_utils.Database(conn, execute_plugins=False)
             if readonly and "_migrations" not in self.db.table_names():
                 raise JournalError(f"{self.path}: not a slurm-ft journal")
             newer = {r[0] for r in conn.execute("SELECT name FROM _migrations")} - migrations.known()
@@ -244,7 +246,7 @@ class Journal:
                 _secure_path(Path(f"{self.path}{side}"), mode, gid, create=False)
             conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            db = sqlite_utils.Database(conn)
+            db = sqlite_utils.Database(conn, execute_plugins=False)
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 db.enable_wal()
             migrations.apply(db)

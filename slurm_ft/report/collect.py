@@ -28,6 +28,7 @@ from ..errors import JournalError, SlurmFTError
 from ..failover.policy import HEALTH_RULE
 from ..health.config import CHECK_NAMES
 from ..journal import open_daemon_journal, open_journal
+from .ack import acks as report_acks
 from .nodeset import fold, natural_key
 
 CATEGORIES = ("fault", "health", "admin", "slurm")
@@ -102,6 +103,9 @@ class NodeFaults:
     first: float | None
     last: float | None
     flapping: bool
+    #: faults before the node's newest acknowledgement (``slurm-ft report --ack``): not counted
+    acknowledged: int = 0
+    acked: tuple[float, str] | None = None     #: (when, reason) of that acknowledgement
 
 
 @dataclass
@@ -116,6 +120,7 @@ class GpuRow:
     first: float | None
     last: float | None
     flapping: bool
+    acknowledged: int = 0                      #: faults before the node's acknowledgement: not counted
 
 
 @dataclass
@@ -274,6 +279,7 @@ def _collect(cfg, slurm, since_s: float, node_journals: str | None, flap_thresho
                 prolog_health.append(v)
             else:
                 faults.verdict(v)
+        acked = report_acks(j)
         latched = j.breaker_latched()
         if latched:
             data.notes.append(f"circuit breaker open since {latched}: slurm-ft drains no node until "
@@ -288,7 +294,7 @@ def _collect(cfg, slurm, since_s: float, node_journals: str | None, flap_thresho
             _fault_from_reason(faults, e, health_nodes)
     data.drains = sorted(events.values(), key=lambda e: (e.time or 0, natural_key(e.node)), reverse=True)
     data.xids_by_node = dict(faults.xids_by_node)
-    _fault_tables(data, faults, flap_threshold)
+    _fault_tables(data, faults, flap_threshold, acked)
     return data
 
 
@@ -322,7 +328,8 @@ def _drain_action(a: dict, events: dict, not_drained: list) -> None:
         events.setdefault(key, DrainEvent(a["created"], node, "fault", "epilog", a["job_id"], a["attempt"],
                                           detail.partition(": ")[2] or detail))
     else:
-        outcome = {"failed": "drain failed"}.get(status, "interrupted" if status in ("intent", "abandoned") else "")
+        outcome = {"failed": "drain failed", "observed": "observed only ([failover] mode = observe)"}.get(
+            status, "interrupted" if status in ("intent", "abandoned") else "")
         if detail.startswith("kept-admin-reason"):
             outcome = "an admin's reason kept"
         elif "breaker" in detail:
@@ -372,11 +379,21 @@ def _read_node_journals(pattern: str, since: float, faults: _Faults, data: Repor
     return {r["node"] for r in rows}
 
 
-def _fault_tables(data: ReportData, faults: _Faults, threshold: int) -> None:
-    for node, keys in faults.node.items():
+def _after_ack(keys: dict, ack: tuple[float, str] | None) -> dict:
+    """The faults (key -> (time, cause)) after an acknowledgement (all of them without one; a
+    fault of unknown time counts)."""
+    return keys if ack is None else {k: tc for k, tc in keys.items() if not (tc[0] and tc[0] <= ack[0])}
+
+
+def _fault_tables(data: ReportData, faults: _Faults, threshold: int,
+                  acked: dict[str, tuple[float, str]] | None = None) -> None:
+    acked = acked or {}
+    for node, every in faults.node.items():
+        keys = _after_ack(every, acked.get(node))
         times = [t for t, _ in keys.values() if t]
         data.node_faults.append(NodeFaults(node, len(keys), Counter(c for _, c in keys.values()),
-                                           min(times, default=None), max(times, default=None), len(keys) >= threshold))
+                                           min(times, default=None), max(times, default=None), len(keys) >= threshold,
+                                           len(every) - len(keys), acked.get(node)))
     data.node_faults.sort(key=lambda n: (-n.faults, natural_key(n.node)))
     merged: dict[tuple, dict] = defaultdict(dict)
     by_index = {(node, i): bus for (node, bus), i in faults.index_of.items()}
@@ -386,14 +403,15 @@ def _fault_tables(data: ReportData, faults: _Faults, threshold: int) -> None:
         if bus is not None:
             index = faults.index_of.get((node, bus))
         merged[(node, bus, index)].update(keys)
-    for (node, bus, index), keys in merged.items():
+    for (node, bus, index), every in merged.items():
+        keys = _after_ack(every, acked.get(node))
         times = [t for t, _ in keys.values() if t]
         causes = [c for _, c in keys.values()]
         xids = Counter(x for c in causes if c.startswith("xid-") for x in c[4:].split(","))
         checks = Counter(c[len("health:"):] for c in causes if c.startswith("health:"))
         serial = faults.serial_of.get((node, bus)) if bus else None
         data.gpus.append(GpuRow(node, bus, index, serial, len(keys), xids, checks, min(times, default=None),
-                                max(times, default=None), len(keys) >= threshold))
+                                max(times, default=None), len(keys) >= threshold, len(every) - len(keys)))
     data.gpus.sort(key=lambda g: (-g.faults, natural_key(g.node), g.bus_id or "", g.index or 0))
     if data.gpus:
         if any(g.index is None for g in data.gpus):

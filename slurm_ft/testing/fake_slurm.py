@@ -171,6 +171,7 @@ class FakeSlurm:
         self.timeout_s = 10.0
         self.hooks: list[tuple[object, object]] = []     # (match(cmd, args), fn): run once before a call
         self.fault_hits: list[tuple[str, tuple, str]] = []  # calls an injected fault hit
+        self.observed: list[list[str]] = []               # writes the observe gate held back
 
     def on(self, match, fn) -> None:
         """Run ``fn()`` (once) just before the next call matching ``match(cmd, args)`` is answered:
@@ -440,8 +441,12 @@ class FakeSlurm:
         job = self.job(job_id)
         return job if job is not None and pred(job) else None
 
-    def run(self, cmd: str, *args: str, check: bool = True, timeout_s: float | None = None,
-            as_user=None) -> subprocess.CompletedProcess:
+    #: the real client's observe gate ([failover] mode = "observe") in front of this fake's commands
+    run = Slurm.run
+    observe, observer = False, None
+
+    def _exec(self, cmd: str, *args: str, check: bool = True, timeout_s: float | None = None,
+              as_user=None) -> subprocess.CompletedProcess:
         job_id = None
         for a in args:
             if a.startswith("JobId="):
