@@ -90,6 +90,20 @@ def process_status(rc: int) -> int:
     return 0 if rc == 0 else EXIT_DRAIN
 
 
+def exit_process(rc: int) -> None:
+    """End a root entry process whose hook returned ``rc``: flush stdout and stderr, then
+    ``os._exit(process_status(rc))`` (0, or :data:`EXIT_DRAIN`, which the wrapper turns into
+    Slurm's 1). No interpreter teardown: about 10 ms less on every job (issue 24)."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(process_status(rc))
+
+
 def internal_error(hook: str, exc: BaseException, env: dict | None = None) -> int:
     """Report ``exc`` (node log, syslog, counter) and return the hook's exit status per
     ``[node_state] on_internal_error``. Never raises."""

@@ -24,6 +24,7 @@ from typing import Callable
 from . import assets, daemonlock
 from .errors import SlurmFTError
 from .install import untrusted
+from .slurm import plugstack_lines
 
 ROLES = ("node", "controller")
 STATUSES = ("OK", "WARN", "FAIL", "SKIP")
@@ -262,33 +263,12 @@ def check_cli_filter(env: Env) -> list[Check]:
     return [Check(name, "OK", f"CliFilterPlugins=lua, {path}")]
 
 
-def _plugstack_lines(path: Path, depth: int = 0) -> list[tuple[Path, str]]:
-    """Non-comment lines of a plugstack.conf and the files it ``include``s."""
-    if depth > 4:
-        return []
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    out = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        if words[0] == "include" and len(words) > 1:
-            for inc in sorted(glob.glob(words[1])):
-                out += _plugstack_lines(Path(inc), depth + 1)
-        else:
-            out.append((path, line))
-    return out
-
-
 def check_plugstack(env: Env) -> list[Check]:
     name = "plugstack"
     conf_value = env.conf.get("plugstackconfig")
     path = Path(conf_value) if conf_value and conf_value.lower() not in _NULL else env.conf_dir / "plugstack.conf"
-    lines = [(f, ln) for f, ln in _plugstack_lines(path) if "slurm_ft_spank.so" in ln]
+    lines = [(f, ln) for f, ln in plugstack_lines(path)
+             if ln.split()[0] != "include" and "slurm_ft_spank.so" in ln]
     fix = (f"slurm-ft install --only spank; make -C {assets.SPANK_SRC_DIR} install; "
            f"plugstack.conf: include {env.conf_dir}/plugstack.conf.d/*.conf")
     if not lines:

@@ -494,30 +494,23 @@ def uninstall_warnings(outcomes: list[Outcome], *, prefix: str = "/",
     return out
 
 
-def _plugstack_warnings(path: Path, prefix: str, gone: set[str], depth: int = 0) -> list[str]:
+def _plugstack_warnings(path: Path, prefix: str, gone: set[str]) -> list[str]:
     """plugstack.conf lines (and the files they ``include``, below ``prefix``) that load
     ``slurm_ft_spank.so`` or include a removed slurm-ft file by its own name."""
-    if depth > 4:
-        return []
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
+    from .slurm import plugstack_lines
+
+    def include(pattern: str) -> list[Path]:
+        if any(c in pattern for c in "*?["):
+            return sorted(Path(prefix).glob(pattern.lstrip("/")))
+        return [_target(prefix, pattern)]
+
     out = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
+    for where, line in plugstack_lines(path, include):
         words = line.split()
-        if not words:
-            continue
         if words[0] == "include" and len(words) > 1:
-            pattern = words[1]
-            named = [g for g in gone if g == pattern]
-            if named:
-                out.append(f"{path} still includes {pattern}, which is now gone; remove the line")
-            for inc in sorted(Path(prefix).glob(pattern.lstrip("/"))) if any(c in pattern for c in "*?[") else \
-                    [_target(prefix, pattern)]:
-                out += _plugstack_warnings(inc, prefix, gone, depth + 1)
+            if words[1] in gone:
+                out.append(f"{where} still includes {words[1]}, which is now gone; remove the line")
         elif any(w.endswith("/" + Path(assets.SPANK_LIB).name) for w in words):
-            out.append(f"{path} still loads slurm-ft's SPANK plugin ({line}): remove the line before "
+            out.append(f"{where} still loads slurm-ft's SPANK plugin ({line}): remove the line before "
                        f"removing {Path(assets.SPANK_LIB).parent}/")
     return out

@@ -19,8 +19,6 @@ it from a crash before the boundary (an import error: Python's 1).
 
 from __future__ import annotations
 
-import os
-import sys
 
 from .boundary import note, report, root_entry
 from .errors import SlurmFTError
@@ -198,11 +196,5 @@ def health_gate(cfg, job: NodeJob, log, env: dict[str, str] | None = None, later
 
 
 if __name__ == "__main__":
-    from .boundary import process_status
-    _status = run(detach=True)
-    for _stream in (sys.stdout, sys.stderr):
-        try:
-            _stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(process_status(_status))   # 0, or EXIT_DRAIN (the wrapper's 1); no interpreter teardown: about 10 ms less on every job (issue 24)
+    from .boundary import exit_process
+    exit_process(run(detach=True))

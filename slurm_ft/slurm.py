@@ -19,6 +19,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Callable
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
@@ -551,3 +552,34 @@ class Node:
             extra=n.get("extra", "") or "",
             raw=n,
         )
+
+
+def plugstack_lines(path: Path, include: Callable[[str], list[Path]] | None = None,
+                    depth: int = 0) -> list[tuple[Path, str]]:
+    """``[(file, line)]``: the non-comment lines of a ``plugstack.conf`` (spank(8)), ``include``
+    lines among them, each followed by the lines of the files it includes (at most 4 levels
+    deep). An unreadable file gives nothing. ``include(pattern) -> [Path]``: the files an
+    ``include`` names; by default a glob on this host (``slurm-ft install --prefix`` resolves them
+    under its prefix instead)."""
+    import glob
+
+    if include is None:
+        def include(pattern: str) -> list[Path]:
+            return [Path(p) for p in sorted(glob.glob(pattern))]
+    if depth > 4:
+        return []
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    out: list[tuple[Path, str]] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        out.append((Path(path), line))
+        words = line.split()
+        if words[0] == "include" and len(words) > 1:
+            for inc in include(words[1]):
+                out += plugstack_lines(inc, include, depth + 1)
+    return out

@@ -191,7 +191,6 @@ def test_collective_skips_a_listener_of_another_job(tmp_path):
     """A squatter that accepts and never answers, and another test's real rank 0 (its own ticket),
     on the candidate ports before this test's rank 0: both are skipped at once (every port is
     probed concurrently; only a hello MAC'd with this test's ticket counts), not after a deadline."""
-    import socket
     job = _job()
     cands = collective.ports(job, 0)
     squatter, _ = _squat(cands)
@@ -408,7 +407,6 @@ def test_hostile_listeners_on_the_candidate_ports_never_steer_a_rank(kinds, corr
     forged, replayed or oversized hellos, or a forged verdict: the rank joins the real rank 0 and
     returns exactly its verdict, without waiting for any listener's deadline."""
     import random
-    import socket
     rng = random.Random(seed)
     ticket = _ticket()
     job = _job()

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from slurm_ft import config as config_mod
 from slurm_ft.classify import Evidence, classify
-from slurm_ft.classify.parse import kernel_header, parse_xid
+from slurm_ft.classify.parse import kernel_header
 from slurm_ft.classify.table import MIN_HEADER_BYTES, kernel_headers
 from slurm_ft.epilog import verify_untrusted
 from slurm_ft.health import CheckResult

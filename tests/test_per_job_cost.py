@@ -84,7 +84,7 @@ def _health_rows(root: Path, job_id: int) -> list[dict]:
     try:   # the detached child may be creating the journal right now
         with open_journal(root / "node-n1.db", readonly=True) as j:
             return list(j.db.query("SELECT check_name, status FROM health WHERE job_id = ?", [job_id]))
-    except JournalError:
+    except (JournalError, sqlite3.OperationalError):   # created, its tables not yet ("no such table")
         return []
 
 
