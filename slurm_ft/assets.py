@@ -35,6 +35,9 @@ UNIT_PATH = "/etc/systemd/system/slurm-ft-daemon.service"
 CTLD_EVENT_PATH = f"{LIBEXEC_DIR}/slurm-ft-ctld-event"
 TMPFILES_PATH = "/etc/tmpfiles.d/slurm-ft.conf"
 CONFIG_PATH = "/etc/slurm-ft/slurm-ft.toml"
+#: Where jobs import the stdlib-only job client from (docs/user-guide.md): a fixed path.
+JOB_CLIENT_DIR = "/usr/share/slurm-ft/python"
+JOB_CLIENT_PATH = f"{JOB_CLIENT_DIR}/slurm_ft_job.py"
 SLURM_CONF_DIR = "/etc/slurm"
 #: Characters a path rendered into a unit file or a shell script may hold (no quoting games).
 _PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._+/@:=,-]*$")
@@ -125,6 +128,11 @@ def render_plugstack_line(so: str = SPANK_LIB) -> str:
     """The plugstack.conf line that loads the plugin (``optional``: a host without the .so still
     runs jobs; ``sbatch --ft`` there fails with "unrecognized option")."""
     return f"optional {plain_path(so, 'plugin path')}"
+
+
+def job_client_source() -> str:
+    """The job-side client (``slurm_ft/data/client/slurm_ft_job.py``, stdlib only) as installed."""
+    return data_text("client/slurm_ft_job.py")
 
 
 def spank_sources() -> dict[str, str]:

@@ -18,6 +18,7 @@ the node log.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from .boundary import KERNEL_LOG_FILE, bump, note, root_entry
@@ -34,52 +35,190 @@ STDERR_TAIL_BYTES = 64 << 10
 #: Slurm pads a number in a filename pattern to at most this many digits (sbatch(1): "The
 #: maximal number is 10").
 PATTERN_MAX_WIDTH = 10
+#: Slurm's ``NO_VAL``: the array task id of a job that is not an array task; ``%a`` of such a job
+#: expands to it (slurmstepd prints ``step->array_task_id`` as is: ``slurm-12_4294967294.out``).
+NO_VAL = 0xFFFFFFFE
+#: The escapes whose value slurm-ft may have to ask slurmctld for (the job name and array ids are
+#: not in the 22.05 epilog environment): :func:`pattern_needs_job_record`.
+RECORD_ESCAPES = frozenset("xAa")
+
+
+class PatternError(ValueError):
+    """A filename pattern slurm-ft will not expand (an unknown escape, a value it does not know):
+    the message says which; the output is then not read (never a guessed path)."""
+
+
+def _escapes(pattern: str):
+    """``(width digits, escape letter)`` of every ``%`` escape of an unescaped pattern; a pattern
+    holding a backslash has none (Slurm expands nothing in it)."""
+    if "\\" in pattern:
+        return
+    i = 0
+    while i < len(pattern):
+        if pattern[i] != "%":
+            i += 1
+            continue
+        j = i + 1
+        while j < len(pattern) and pattern[j] in "0123456789":
+            j += 1
+        yield pattern[i + 1:j], pattern[j] if j < len(pattern) else ""
+        i = j + 1
+
+
+def pattern_needs_job_record(pattern: str | bytes | None, job: NodeJob) -> bool:
+    """True when ``pattern`` has an escape (``%x``, ``%A``, ``%a``) whose value ``job`` does not
+    hold (the epilog then asks ``scontrol show job`` once: :func:`with_job_record`)."""
+    if not pattern:
+        return False
+    if isinstance(pattern, (bytes, bytearray)):
+        pattern = os.fsdecode(bytes(pattern))
+    return any(key in RECORD_ESCAPES and (job.job_name if key == "x" else job.array_job_id) is None
+               for _, key in _escapes(pattern))
+
+
+def with_job_record(cfg, job: NodeJob, log) -> NodeJob:
+    """``job`` with its name and array ids from one ``scontrol show job`` (:meth:`Slurm.job`,
+    parsed by :mod:`slurm_ft.jobinfo`); ``job`` unchanged (and the reason logged) when slurmctld
+    cannot answer. A job that is not an array task gets ``array_job_id=0``,
+    ``array_task_id=NO_VAL`` (Slurm's own values)."""
+    import dataclasses
+
+    from .slurm import Slurm
+    try:
+        info = Slurm.from_config(cfg).job(job.job_id)
+    except SlurmFTError as exc:
+        log(f"job record unavailable for the output pattern: {exc}")
+        return job
+    if info is None:
+        log("job record unavailable for the output pattern: slurmctld no longer knows the job")
+        return job
+    array_job, array_task = job.array_job_id, job.array_task_id
+    if array_job is None:                    # what the environment gave stays
+        array_job, array_task = _uint(info.raw.get("array_job_id")), _uint(info.raw.get("array_task_id"))
+        if not array_job:
+            array_job, array_task = 0, NO_VAL
+    return dataclasses.replace(job, job_name=job.job_name if job.job_name is not None else info.name,
+                               array_job_id=array_job, array_task_id=array_task)
+
+
+def _uint(value) -> int | None:
+    """A record's unsigned id (an int, a decimal string, or 23.02+ json's ``{"set":..., "number":...}``);
+    None when absent or not a plain number (a pending array's ``1-5%2``)."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    text = str(value)
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else None
 
 
 def expand_output_pattern(pattern: str | bytes, job: NodeJob) -> str | None:
-    """Expand the Slurm filename pattern of the job's output for this node.
+    """The path of the job's output for this node from its Slurm filename pattern, or None when
+    slurm-ft will not expand it (:func:`expand_pattern` says why)."""
+    try:
+        return expand_pattern(pattern, job)
+    except PatternError:
+        return None
 
-    Only the job-level escapes are expanded (``%j %J %A %u %N %n %t %%``, with zero-padding
-    widths such as ``%4j``, ASCII digits, capped at :data:`PATTERN_MAX_WIDTH`); for any other
-    (``%x``, the job name, is not known here) None is returned so we never guess a path. Source:
-    sbatch(1), "filename pattern".
 
-    The pattern is the user's (``sbatch -o/-e``) and may hold any bytes but NUL: a ``bytes``
-    pattern is decoded with ``os.fsdecode``, and a non-UTF-8 byte stays a surrogate escape
-    (PEP 383, as ``os.environ`` gives it), so ``os.fsencode`` of the result is the exact path;
-    never print it raw (:mod:`slurm_ft.textsafe`).
-    """
+def expand_pattern(pattern: str | bytes, job: NodeJob) -> str:
+    """Expand the Slurm filename pattern of the job's batch output (``sbatch -o/-e``) as slurmstepd
+    does for the batch step (Slurm src/slurmd/common/fname.c ``fname_create``,
+    ``remove_path_slashes``; sbatch(1) "filename pattern"):
+
+    * a pattern holding a backslash is not expanded at all: each ``\\\\`` becomes ``\\`` and
+      every other backslash is dropped;
+    * ``%%`` -> ``%``; ``%j`` and ``%J`` -> job id (the batch step has no step number to add);
+      ``%A`` -> array master job id (the job id when not an array task); ``%a`` -> array task id
+      (``4294967294``, Slurm's NO_VAL, when not an array task); ``%s`` -> ``batch``; ``%n`` ->
+      ``0`` (node index), ``%t`` -> ``0`` (task rank); ``%N`` -> this node's short name; ``%u``
+      -> the user name (``SLURM_JOB_USER``, else the passwd entry of ``SLURM_JOB_UID``); ``%x``
+      -> the job name;
+    * ASCII digits between ``%`` and the letter zero-pad a number (``%4j`` -> ``0012``), at most
+      :data:`PATTERN_MAX_WIDTH` digits; a width on a name (``%5x``) is ignored;
+    * a relative result is joined to the job's working directory.
+
+    Raises :class:`PatternError` for any other escape (``%q``, a ``%`` at the end, a non-ASCII
+    digit) or a value ``job`` does not hold (``%x`` without a job name, ``%A``/``%a`` without
+    array ids: :func:`with_job_record`): never a guessed path.
+
+    The pattern is the user's and may hold any bytes but NUL: a ``bytes`` pattern is decoded with
+    ``os.fsdecode``, and a non-UTF-8 byte stays a surrogate escape (PEP 383, as ``os.environ``
+    gives it), so ``os.fsencode`` of the result is the exact path; never print it raw
+    (:mod:`slurm_ft.textsafe`)."""
     if isinstance(pattern, (bytes, bytearray)):
         pattern = os.fsdecode(bytes(pattern))
-    out, i = [], 0
-    subs = {"j": str(job.job_id), "J": str(job.job_id), "A": str(job.job_id), "N": job.node, "n": "0",
-            "t": "0", "%": "%"}
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "%" and i + 1 < len(pattern):
-            j = i + 1
-            while j < len(pattern) and pattern[j] in "0123456789":
-                j += 1
-            key = pattern[j] if j < len(pattern) else ""
-            if key == "u":
-                import pwd
-                try:
-                    out.append(pwd.getpwuid(job.uid).pw_name if job.uid is not None else "")
-                except KeyError:
-                    return None
-            elif key in subs:
-                width = min(int(pattern[i + 1:j] or 0), PATTERN_MAX_WIDTH)  # "%4j": 4 digits
-                out.append(subs[key].zfill(width) if subs[key].isdigit() else subs[key])
-            else:
-                return None
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    path = "".join(out)
+    if "\\" in pattern:
+        path = re.sub(r"\\(.?)", lambda m: m.group(1), pattern, flags=re.S)
+    else:
+        path = "".join(_expand_escapes(pattern, job))
     if not os.path.isabs(path) and job.work_dir:
         path = os.path.join(job.work_dir, path)
     return path
+
+
+def _expand_escapes(pattern: str, job: NodeJob):
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c != "%":
+            yield c
+            i += 1
+            continue
+        j = i + 1
+        while j < len(pattern) and pattern[j] in "0123456789":
+            j += 1
+        digits, key = pattern[i + 1:j], pattern[j] if j < len(pattern) else ""
+        # "%99999999j": Slurm caps at 10; never int() a huge digit string
+        width = PATTERN_MAX_WIDTH if len(digits.lstrip("0")) > 2 else min(int(digits or 0), PATTERN_MAX_WIDTH)
+        if key == "%" and not digits:
+            yield "%"
+        elif key in _NUMBERS:
+            value = _NUMBERS[key](job)
+            if value is None:
+                raise PatternError(f"%{key} needs the job's array ids, which are not known here")
+            yield str(value).zfill(width)
+        elif key in _NAMES:
+            value = _NAMES[key](job)
+            if value is None:
+                raise PatternError(f"%{key} needs {_NAME_WHAT[key]}, which is not known here")
+            yield value
+        else:
+            shown = (digits + key).encode("ascii", "backslashreplace").decode() or "end of pattern"
+            raise PatternError(f"escape %{shown} is not a Slurm filename pattern slurm-ft expands")
+        i = j + 1
+
+
+def _array_job(job: NodeJob) -> int | None:
+    if job.array_job_id is None:
+        return None
+    return job.array_job_id or job.job_id
+
+
+def _array_task(job: NodeJob) -> int | None:
+    if job.array_job_id is None:
+        return None
+    return job.array_task_id if job.array_job_id and job.array_task_id is not None else NO_VAL
+
+
+def _user(job: NodeJob) -> str | None:
+    if job.user:
+        return job.user
+    if job.uid is None:
+        return None
+    import pwd
+    try:
+        return pwd.getpwuid(job.uid).pw_name
+    except KeyError:
+        return None
+
+
+_NUMBERS = {"j": lambda job: job.job_id, "J": lambda job: job.job_id, "A": _array_job, "a": _array_task,
+            "n": lambda job: 0, "t": lambda job: 0}
+_NAMES = {"N": lambda job: job.node, "u": _user, "x": lambda job: job.job_name, "s": lambda job: "batch"}
+_NAME_WHAT = {"u": "the user name", "x": "the job name", "N": "the node name", "s": "the step"}
 
 
 def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
@@ -113,22 +252,59 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
             bump(cfg.node_state.dir, "epilog", KERNEL_LOG_FILE)
         except OSError as err:
             log(f"kernel-log counter not written: {err}")
-    tail = ""
-    seen = set()
-    for pattern in (job.stderr, job.stdout):
-        path = expand_output_pattern(pattern, job) if pattern else None
-        if not path or path in seen:
-            continue
-        seen.add(path)
-        try:  # as the job's user, symlinks never followed, bounded in bytes and seconds (userfile)
-            text = read_tail_safely(path, expected_uid=job.uid, max_bytes=STDERR_TAIL_BYTES)
-        except SlurmFTError as exc:
-            log(f"job output not read: {exc}")
-            continue
-        tail += text if not tail or tail.endswith("\n") else "\n" + text
+    tail, unread = read_outputs(cfg, job, log, read_tail_safely)
     return Evidence(kernel_lines=kernel, stderr_tail=tail, exit_code=job.exit_code, signal=job.signal,
                     job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time(), kernel_records=True,
-                    kernel_log_error=kernel_error)
+                    kernel_log_error=kernel_error, output_unread=unread)
+
+
+def read_outputs(cfg, job: NodeJob, log, read_tail) -> tuple[str, tuple[str, ...]]:
+    """The tail of the job's stderr then stdout (each at most :data:`STDERR_TAIL_BYTES`, read by
+    ``read_tail(path, expected_uid=, max_bytes=)``: as the job's user, symlinks never followed,
+    bounded in bytes and seconds, slurm_ft.userfile), and one ``output not read: <reason>`` line
+    per output that could not be read (a pattern slurm-ft will not expand, a file it may not
+    read). One ``scontrol show job`` only when a pattern needs the job name or array ids the
+    environment lacks (:func:`pattern_needs_job_record`); the same file named twice is read once."""
+    from .textsafe import terminal_safe
+
+    if any(pattern_needs_job_record(p, job) for p in (job.stderr, job.stdout)):
+        job = with_job_record(cfg, job, log)
+    tail, unread, seen = "", [], set()
+    for pattern in (job.stderr, job.stdout):
+        if not pattern:
+            continue
+        try:
+            path = expand_pattern(pattern, job)
+            if path in seen:
+                continue
+            seen.add(path)
+            text = read_tail(path, expected_uid=job.uid, max_bytes=STDERR_TAIL_BYTES)
+        except (PatternError, SlurmFTError) as exc:
+            line = terminal_safe(f"output not read: {exc}")[:MAX_UNREAD_CHARS]
+            log(f"job {line}")
+            if line not in unread:
+                unread.append(line)
+            continue
+        tail += text if not tail or tail.endswith("\n") else "\n" + text
+    return tail, tuple(unread)
+
+
+#: At most this many characters of an ``output not read`` evidence line.
+MAX_UNREAD_CHARS = 300
+
+
+def with_unread_outputs(verdict, evidence):
+    """``verdict`` with the ``output not read: <reason>`` lines of ``evidence``
+    (``Evidence.output_unread``, from :func:`gather_evidence`) after its own evidence lines, within
+    the verdict's line bound (``classify.model.MAX_EVIDENCE_LINES``; the deciding lines stay first)."""
+    import dataclasses
+
+    from .classify.model import MAX_EVIDENCE_LINES
+    unread = tuple(getattr(evidence, "output_unread", ()) or ())
+    if not unread:
+        return verdict
+    keep = max(0, MAX_EVIDENCE_LINES - len(unread))
+    return dataclasses.replace(verdict, evidence=tuple(verdict.evidence[:keep]) + unread[:MAX_EVIDENCE_LINES])
 
 
 def window_start(cfg, job: NodeJob, marker: dict | None, log) -> float:
@@ -189,6 +365,7 @@ def run(env: dict[str, str] | None = None) -> int:
         policy = from_config(cfg.classify) if cfg.classify else default_policy()
         evidence = with_prior_xids(cfg, job, gather_evidence(cfg, job, since, log), policy, log)
         verdict = verify_untrusted(cfg, job, classify(evidence, policy), log, evidence=evidence)
+        verdict = with_unread_outputs(verdict, evidence)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
         from .hang.watcher import epilog_cleanup
         if epilog_cleanup(cfg, job.job_id, job.node):

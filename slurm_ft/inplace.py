@@ -251,14 +251,19 @@ def kernel_since(cfg, env, since_mono: float) -> tuple[list[str], dict | None, f
     return lines, node_bus, job_bus, ""
 
 
-def judge(cfg, end: StepEnd, env, slurm=None, read_kernel: bool = True) -> Judgement:
-    """What to do with a failed step (see the module doc)."""
+def judge(cfg, end: StepEnd, env, slurm=None, read_kernel: bool = True, kernel_unavailable=None) -> Judgement:
+    """What to do with a failed step (see the module doc). ``read_kernel`` False: the kernel log is
+    not read (known unreadable). ``kernel_unavailable(why)``: called when it cannot be read or
+    used, instead of adding ``why`` to the judgement (:func:`run` says it once per run)."""
     from .classify import Evidence, classify, default_policy, from_config
     if slurm is not None:
         node = hang_posted(cfg, slurm, env, end.started_wall)
         if node:
             return Judgement("hang", HANG_RULE, "restart", f"the hang watcher on {node} found no progress")
     kernel, node_bus, job_bus, why = kernel_since(cfg, env, end.started_mono) if read_kernel else ([], None, None, "")
+    if why and kernel_unavailable is not None:
+        kernel_unavailable(why)
+        why = ""
     policy = from_config(cfg.classify) if cfg.classify else default_policy()
     v = classify(Evidence(kernel_lines=kernel, stderr_tail=end.tail, exit_code=None if end.signal else end.code,
                           signal=end.signal, job_bus_ids=job_bus, node_bus_ids=node_bus, now=time.time(),
@@ -299,13 +304,24 @@ def run(argv: list[str], restarts: int, *, cfg=None, env=None, delay_s: float = 
         from .hang.heartbeat import mark_inplace
         mark_inplace(env)      # a hang watcher on this node then ends only the step's tasks
     done = 0
+    kernel = {"readable": True}
+
+    def kernel_unavailable(why: str) -> None:
+        # the kernel log is root's (dmesg_restrict) or this node's GPUs are unknown: that does not
+        # change between steps of one run, so it is said once and not read again
+        if kernel["readable"]:
+            log(f"kernel evidence is not available to the job: {why}; a fault only the kernel log shows "
+                f"is judged by the node's epilog after escalation")
+        kernel["readable"] = False
+
     while True:
         end = launcher(argv)
         if end.code == 0:
             if done:
                 log(f"step succeeded after {done} in-place restart{'s' if done > 1 else ''}")
             return 0
-        j = judge(cfg, end, env, slurm if in_job else None)
+        j = judge(cfg, end, env, slurm if in_job else None, read_kernel=kernel["readable"],
+                  kernel_unavailable=kernel_unavailable)
         how = f"signal {end.signal}" if end.signal else f"exit {end.code}"
         if j.action == "restart" and done < restarts:
             done += 1

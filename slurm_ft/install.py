@@ -18,6 +18,7 @@ ctld_event  /usr/local/libexec/slurm-ft/slurm-ft-ctld-event (0755);      slurmct
             ``[failover] events_dir`` (0700, SlurmUser's)                SlurmUser; the daemon
 systemd     /etc/systemd/system/slurm-ft-daemon.service                  systemd (controller)
 config      /etc/slurm-ft/slurm-ft.toml (only if absent)                 every slurm-ft process
+job_client  /usr/share/slurm-ft/python/slurm_ft_job.py (0644)            training jobs (by path)
 =========== ============================================================ =====================
 
 **Managed files** carry a marker line ``slurm-ft-install: sha256=<hash of the rest>``. A managed
@@ -47,9 +48,9 @@ from pathlib import Path
 from . import assets
 from .errors import SlurmFTError
 
-COMPONENTS = ("wrappers", "job_submit", "cli_filter", "spank", "ctld_event", "systemd", "config")
+COMPONENTS = ("wrappers", "job_submit", "cli_filter", "spank", "ctld_event", "systemd", "config", "job_client")
 _MARKER = re.compile(r"slurm-ft-install: sha256=([0-9a-f]{64})")
-_COMMENT = {"sh": ("# ", ""), "lua": ("-- ", ""), "c": ("/* ", " */"), "conf": ("# ", "")}
+_COMMENT = {"sh": ("# ", ""), "lua": ("-- ", ""), "c": ("/* ", " */"), "conf": ("# ", ""), "py": ("# ", "")}
 
 
 class InstallError(SlurmFTError):
@@ -66,7 +67,7 @@ class Item:
     path: str
     text: str
     mode: int = 0o644
-    #: ``sh``/``lua``/``c``/``conf``: comment syntax of the marker line; None: written once, then the
+    #: ``sh``/``lua``/``c``/``conf``/``py``: comment syntax of the marker line; None: written once, then the
     #: admin's (no marker, never replaced nor removed).
     syntax: str | None = "conf"
     #: a directory's owner (user name; its group: that user's primary group)
@@ -235,6 +236,8 @@ def plan(*, components=COMPONENTS, slurm_conf_dir: str = assets.SLURM_CONF_DIR, 
             items.append(Item("systemd", assets.UNIT_PATH, assets.render_unit(command), 0o644, "conf"))
         if "config" in components:
             items.append(Item("config", assets.CONFIG_PATH, assets.default_config(), 0o644, None))
+        if "job_client" in components:
+            items.append(Item("job_client", assets.JOB_CLIENT_PATH, assets.job_client_source(), 0o644, "py"))
     except ValueError as exc:
         raise InstallError(str(exc)) from None
     return items

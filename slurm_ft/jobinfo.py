@@ -39,7 +39,10 @@ _TRAILING_SPACE = ("AdminComment", "SystemComment", "Comment")
 _FIELD = re.compile(r"^   ([A-Za-z][A-Za-z0-9_/:]*)=")
 #: 22.05 JSON's value for an unlimited time limit.
 UNLIMITED = None
-_FIRST = re.compile(r"^JobId=(\d+)(?: [^ ]*?)*? JobName=(.*)$")
+_FIRST = re.compile(r"^JobId=(\d+)((?: [^ ]*?)*?) JobName=(.*)$")
+#: Tokens of the first line between ``JobId=`` and ``JobName=`` that slurm-ft reads (an array
+#: task's ``ArrayJobId=10 ArrayTaskId=2``; a heterogeneous job's ``HetJobId=`` ones are passed over).
+_FIRST_KEYS = ("ArrayJobId", "ArrayTaskId")
 _OWNER = re.compile(r"^(.*)\((\d+)\)$")
 
 
@@ -115,8 +118,13 @@ def split_record(text: str, job_id: int) -> dict[str, str] | None:
     body = lines[starts[0] + 1:]
     while body and not body[-1].strip():
         body.pop()                       # the record's end: "\n   \n\n"
-    fields: dict[str, str] = {"JobId": m.group(1), "JobName": m.group(2)}
-    seen = ["JobId", "JobName"]
+    fields: dict[str, str] = {"JobId": m.group(1)}
+    for token in m.group(2).split(" "):  # Slurm's own tokens: none holds a space
+        key, _, value = token.partition("=")
+        if key in _FIRST_KEYS:
+            fields[key] = value
+    fields["JobName"] = m.group(3)
+    seen = list(fields)
     free: str | None = "JobName"         # the free-text field that further non-field lines extend
     for line in body:
         key = _field_key(line)
@@ -173,6 +181,9 @@ def _record(kv: dict[str, str], job_id: int, name: str) -> dict | None:
             "dependency": _null(kv.get("Dependency", "")), "features": _null(kv.get("Features", "")),
             "resv_name": _null(kv.get("Reservation", "")),
             "failed_node": _null(kv.get("FailedNode", "")),   # Slurm >= 23.02 prints it
+            # an array task's ids, as 22.05 json (0: not an array task; a pending array's
+            # "1-5%2" task range is kept as text)
+            "array_job_id": int(kv.get("ArrayJobId", "0")), "array_task_id": kv.get("ArrayTaskId"),
         }
     except (KeyError, ValueError):
         return None

@@ -32,6 +32,12 @@ def _int(env: dict, name: str, default: int | None = None) -> int | None:
         raise BadEnvironment(f"{name}={value!r} is not an integer") from None
 
 
+def _id(env: dict, name: str) -> int | None:
+    """An optional id: a decimal of at most 10 ASCII digits, else None (unknown, never fatal)."""
+    value = env.get(name) or ""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 10 else None
+
+
 def parse_gpu_list(value: str | None) -> tuple[int, ...] | None:
     """``SLURM_JOB_GPUS`` ("0,1" or "0-1,3") -> (0, 1, 3); None when unset/empty."""
     if not value:
@@ -67,6 +73,15 @@ class NodeJob:
     stdout: str | None          # unexpanded pattern, e.g. /path/%j.out
     stderr: str | None
     work_dir: str | None
+    #: The job's name, ``SLURM_JOB_NAME``; None when the environment does not give it (Slurm
+    #: 22.05's Prolog/Epilog do not: slurm_ft.epilog.with_job_record asks slurmctld).
+    job_name: str | None = None
+    #: ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``: array master job id and task id; None when
+    #: unknown. ``array_job_id == 0``: known not to be an array task (Slurm's own convention).
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    #: ``SLURM_JOB_USER``: the user name (``%u`` of a filename pattern); None when unset.
+    user: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "NodeJob":
@@ -84,6 +99,8 @@ class NodeJob:
             exit_code=exit_code, signal=signal,
             stdout=env.get("SLURM_JOB_STDOUT") or None, stderr=env.get("SLURM_JOB_STDERR") or None,
             work_dir=env.get("SLURM_JOB_WORK_DIR") or None,
+            job_name=env.get("SLURM_JOB_NAME"), user=env.get("SLURM_JOB_USER") or None,
+            array_job_id=_id(env, "SLURM_ARRAY_JOB_ID"), array_task_id=_id(env, "SLURM_ARRAY_TASK_ID"),
         )
 
 

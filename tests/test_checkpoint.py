@@ -140,3 +140,42 @@ def test_history_shows_checkpoint(tmp_path):
                                               "detail": "saved step=120 path=/ckpt/120"}
     assert "saved @120 /ckpt/120" in render_table(h)
     assert _checkpoint([{"action": "ckpt-timeout", "detail": "no ack", "status": "failed"}])["result"] == "timeout"
+
+
+def test_notify_not_from_slurm_ft_bounds_the_wait_and_trains_on(capsys):
+    """A notify that does not come from slurm-ft (the user's own ``kill -USR1``, a POST by hand):
+    the loop saves, waits at most the bound for a requeue that never comes, says why, trains on
+    (issue 25 item 6)."""
+    import time
+
+    rep = FakeReporter()
+    ckpt = ExitCheckpoint(lambda step: f"/ckpt/{step}", reporter=rep, report=True,
+                          env={"SLURM_FT_CKPT_WAIT": "1"})
+    steps_done = []
+    with ckpt:
+        for step in range(5):
+            if step == 2:
+                ckpt.request("api")                       # not slurm-ft: nothing will requeue the job
+            if ckpt.poll(step):
+                t0 = time.monotonic()
+                assert ckpt.wait_for_requeue() is False     # $SLURM_FT_CKPT_WAIT bounds it
+                assert 0.9 <= time.monotonic() - t0 < 10
+            steps_done.append(step)
+    assert steps_done == [0, 1, 2, 3, 4]                    # training went on
+    assert ckpt.state == "saved" and ckpt.wait_expired == {"source": "api", "step": 2, "waited_s": 1.0}
+    err = capsys.readouterr().err
+    assert "nothing ended the job within 1 s" in err and "did not come from slurm-ft" in err
+    assert err.count("\n") == 1
+
+
+def test_wait_for_requeue_bound_and_early_return():
+    import threading
+
+    from slurm_ft.checkpoint.helper import REQUEUE_WAIT_S
+    from slurm_ft.failover.jobspec import DEFAULT_CKPT_WAIT_S
+    assert REQUEUE_WAIT_S == DEFAULT_CKPT_WAIT_S == 600        # the job's default --ft-ckpt-wait
+    ckpt = ExitCheckpoint(lambda step: None, reporter=FakeReporter(), report=True,
+                          env={"SLURM_FT_CKPT_WAIT": "junk"})
+    assert ckpt.wait_for_requeue(timeout=0.05) is False
+    threading.Timer(0.05, ckpt.request, args=("signal",)).start()
+    assert ckpt.wait_for_requeue(timeout=30) is True        # a new notification ends the wait early

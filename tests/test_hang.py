@@ -14,6 +14,7 @@ import pytest
 
 from slurm_ft import config
 from slurm_ft.hang import evidence, heartbeat as hb, watcher as wt
+from slurm_ft.data.client import slurm_ft_job as job_client  # the heartbeat writer hb re-exports
 from slurm_ft.hang.watcher import Progress, Sample
 
 NOBODY = 65534
@@ -71,15 +72,15 @@ def test_heartbeat_finds_the_job_directory_from_the_config(tmp_path, monkeypatch
     conf = tmp_path / "ft.toml"
     conf.write_text(f'[hang]\nheartbeat_dir = "{tmp_path}/hb/{{node}}"\n')
     env = {"SLURM_JOB_ID": "55", "SLURMD_NODENAME": "n7", "SLURM_FT_CONFIG": str(conf)}
-    monkeypatch.setattr(hb, "_writer", None)
-    monkeypatch.setattr(hb, "_next_try", 0.0)
+    monkeypatch.setattr(job_client, "_writer", None)
+    monkeypatch.setattr(job_client, "_next_try", 0.0)
     assert hb.heartbeat(3, env=env)
     assert hb.heartbeat(4)                     # then one store into memory
     (f,) = list((root / "55").iterdir())
     assert hb.unpack(f.read_bytes()).step == 4
     assert hb.mark_inplace(env) and (root / "55" / hb.INPLACE_MARK).exists()
-    monkeypatch.setattr(hb, "_writer", None)
-    monkeypatch.setattr(hb, "_next_try", 0.0)
+    monkeypatch.setattr(job_client, "_writer", None)
+    monkeypatch.setattr(job_client, "_next_try", 0.0)
     assert not hb.heartbeat(1, env={"SLURM_JOB_ID": "56", "SLURMD_NODENAME": "n7", "SLURM_FT_CONFIG": str(conf)})
     assert not hb.heartbeat(1, env={})         # not in a job: nothing, and no error
 

@@ -230,3 +230,41 @@ def test_infra_injection_writes_only_into_a_pipe_never_into_a_file(tmp_path):
         q.kill()
         _, err = q.communicate()
     assert b"Got completion with error" in err
+
+
+def test_unreadable_kernel_log_is_said_once_not_on_every_restart_line(monkeypatch):
+    """As an ordinary user ``/dev/kmsg`` is root's (issue 25 item 6): the kernel log is tried once,
+    said once, then not read again; the restart decisions stay those of the job's own output."""
+    from slurm_ft.classify import sources
+    calls = []
+
+    def refused(since, **kw):
+        from slurm_ft.errors import EvidenceError
+        calls.append(since)
+        raise EvidenceError("/dev/kmsg: Operation not permitted; dmesg: read kernel buffer failed: "
+                            "Operation not permitted")
+    monkeypatch.setattr(sources, "read_kmsg", refused)
+    rc, recs, logs = run([IB, IB, IB])
+    assert rc == 1 and len(calls) == 1
+    assert [(r.state, r.verdict) for r in recs] == [("restarted", "infra"), ("restarted", "infra"),
+                                                   ("escalated", "infra")]
+    said = [line for line in logs if "kernel evidence is not available to the job" in line]
+    assert len(said) == 1 and "Operation not permitted" in said[0]
+    steps = [line for line in logs if line.startswith("step failed")]
+    assert len(steps) == 3 and not any("kmsg" in line or "not permitted" in line for line in steps)
+    # a user error and a hardware-looking output still decide the same without the kernel log
+    rc, recs, logs = run([OOM])
+    assert rc == 1 and recs == [] and "not retried" in logs[-1]
+    rc, recs, logs = run([ECC])
+    assert rc == 1 and recs[-1].state == "escalated" and logs[-1].endswith("escalating")
+
+
+def test_readable_kernel_log_is_read_for_every_step(monkeypatch):
+    from slurm_ft.classify import sources
+    calls = []
+    monkeypatch.setattr(sources, "read_kmsg", lambda since, **kw: calls.append(since) or [])
+    monkeypatch.setattr(inplace, "kernel_since",
+                        lambda cfg, env, since: (sources.read_kmsg(since), {}, frozenset(), ""))
+    rc, recs, logs = run([IB, IB, None])
+    assert rc == 0 and len(calls) == 2
+    assert not any("kernel evidence" in line for line in logs)

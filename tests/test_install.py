@@ -320,7 +320,7 @@ def test_package_ships_every_install_file(tmp_path):
     data = tmp_path / "lib" / "slurm_ft" / "data"
     for rel in ("install/slurm-ft-prolog.in", "install/slurm-ft-epilog.in", "install/slurm-ft-daemon.service.in",
                 "install/slurm-ft.toml", "lua/job_submit.lua.in", "lua/cli_filter.lua", "spank/slurm_ft_spank.c",
-                "spank/Makefile", "xid_catalog.csv"):
+                "spank/Makefile", "xid_catalog.csv", "client/slurm_ft_job.py"):
         assert (data / rel).is_file(), rel
 
 
@@ -342,10 +342,10 @@ ROLE_FILES = {
     "compute": {"usr/local/libexec/slurm-ft/slurm-ft-prolog", "usr/local/libexec/slurm-ft/slurm-ft-epilog",
                 f"{CONF}/cli_filter.lua", f"{CONF}/plugstack.conf", f"{CONF}/plugstack.conf.d/slurm-ft.conf",
                 "usr/local/src/slurm-ft/spank/slurm_ft_spank.c", "usr/local/src/slurm-ft/spank/Makefile",
-                "etc/slurm-ft/slurm-ft.toml"},
+                "etc/slurm-ft/slurm-ft.toml", "usr/share/slurm-ft/python/slurm_ft_job.py"},
     "login": {f"{CONF}/cli_filter.lua", f"{CONF}/plugstack.conf", f"{CONF}/plugstack.conf.d/slurm-ft.conf",
               "usr/local/src/slurm-ft/spank/slurm_ft_spank.c", "usr/local/src/slurm-ft/spank/Makefile",
-              "etc/slurm-ft/slurm-ft.toml"},
+              "etc/slurm-ft/slurm-ft.toml", "usr/share/slurm-ft/python/slurm_ft_job.py"},
 }
 
 
@@ -582,3 +582,30 @@ def test_unknown_role_or_component_is_refused_naming_the_choices(tmp_path):
     r = run("--only", "prolog", prefix=tmp_path)
     assert r.exit_code == 1 and "unknown component 'prolog'" in r.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("role", ["compute", "login"])
+def test_role_installs_the_job_client_at_its_documented_path(tmp_path, role):
+    """Issue 25: `slurm-ft install --role compute` (and login) puts the stdlib-only job client at
+    /usr/share/slurm-ft/python/slurm_ft_job.py (docs/user-guide.md), 0644, managed (marker line);
+    an isolated Python without site-packages imports it from there by path."""
+    r = run("--role", role, prefix=tmp_path)
+    assert r.exit_code == 0, r.output
+    assert assets.JOB_CLIENT_PATH == "/usr/share/slurm-ft/python/slurm_ft_job.py"
+    p = tmp_path / assets.JOB_CLIENT_PATH.lstrip("/")
+    assert p.is_file() and stat.S_IMODE(p.stat().st_mode) == 0o644
+    text = p.read_text()
+    assert install.marker_state(text) == "ours"
+    assert text.split("\n", 1)[1] == (ROOT / "slurm_ft/data/client/slurm_ft_job.py").read_text()
+    out = subprocess.run([sys.executable, "-I", "-S", "-c",
+                          f"import sys; sys.path.insert(0, {str(p.parent)!r}); import slurm_ft_job; "
+                          "print(slurm_ft_job.exit_checkpoint.__name__)"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "exit_checkpoint", out.stderr
+    again = run("--role", role, prefix=tmp_path)
+    assert actions(again.output)[str(p)] == "unchanged"
+
+
+def test_controller_role_does_not_install_the_job_client(tmp_path):
+    assert "job_client" not in install.components_for(["controller"])
+    assert "job_client" in install.components_for(["compute"]) and "job_client" in install.components_for(["login"])

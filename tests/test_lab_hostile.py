@@ -382,7 +382,11 @@ def test_small_failing_jobs_do_not_evict_a_hardware_verdict(lab, slurm, user):
         held = records(node)
         assert len(held) == 16, held
         assert hw[0] in held, f"the hardware verdict was evicted: {held}"
-        assert {r.job_id for r in held if not r.hardware} == set(small[1:])     # the 15 newest
+        # the rest are the newest small jobs: as many as the hardware records (this one, and any an
+        # earlier test left on this node within the field) leave room for; at least their pool's share
+        others = {r.job_id for r in held if not r.hardware}
+        assert others == set(small[len(small) - len(others):]), (others, small)
+        assert len(others) >= 16 - mailbox.hardware_reserve(16), held
     finally:
         lab.daemon_start()
     again = wait_started(slurm, gpu_job, 1, timeout_s=180)

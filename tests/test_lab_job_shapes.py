@@ -10,6 +10,7 @@ requeued, never blamed on its user; a time limit without a save ends ``timeout``
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -196,3 +197,66 @@ def test_job_dying_of_the_signal_is_requeued_not_blamed(lab, slurm, workdir):
         assert j.job(job_id)["ft_state"] in ("evacuated", "running")
         assert any(a["action"] == "evacuation" and a["status"] == "done" for a in j.actions(job_id, 0))
     slurm.run("scancel", str(job_id))
+
+
+@pytest.mark.parametrize("output", ["%x-%j.out", "%j.out"])
+def test_job_name_in_the_output_pattern_is_diagnosed_like_the_job_id(lab, ft_history, workdir, output):
+    """``--output=%x-%j.out`` (issue 25 item 5): submitted as the lab's ordinary user, a job that
+    prints a CUDA OOM and exits 1 is ``user (cuda-oom)``, exactly as with ``%j.out``: the epilog
+    expands the job name (one ``scontrol show job``: 22.05's epilog environment has no
+    SLURM_JOB_NAME) and reads the file Slurm wrote."""
+    from slurm_ft.lab.users import LAB_USER, ensure_user, run_as
+
+    ensure_user()
+    name = f"oom{time.time_ns() % 10**9}"
+    script = workdir / f"{name}.sh"
+    script.write_text("#!/bin/sh\necho 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2\n"
+                      "exit 1\n")
+    script.chmod(0o755)
+    argv = ["/usr/bin/sbatch", "--parsable", f"--job-name={name}", f"--output={output}", "--ft", "--ft-retries=1",
+            str(script)]
+    proc = run_as(LAB_USER, argv, lab.env(), cwd=str(workdir))
+    assert proc.returncode == 0, proc.stderr
+    job_id = int(proc.stdout.strip().split(";")[0])
+    h = ft_history(job_id, lambda h: h["attempts"] and h["attempts"][0]["verdict"], timeout_s=120)
+    first = h["attempts"][0]
+    expected = workdir / output.replace("%x", name).replace("%j", str(job_id))
+    assert expected.exists(), sorted(p.name for p in workdir.iterdir())     # the file Slurm wrote
+    assert (first["verdict"], first["rule"]) == ("user", "cuda-oom"), h
+    assert not any(line.startswith("output not read") for v in first["verdicts"] for line in v["evidence"]), h
+
+
+def test_every_filename_pattern_escape_expands_to_the_file_slurm_wrote(lab, slurm, workdir):
+    """Slurm's own expansion on the lab (22.05), escape by escape: the file slurmstepd created for
+    a plain job and for an array task is the path the epilog expands (slurm_ft.epilog.expand_pattern),
+    including ``%a`` of a job that is no array task (Slurm's NO_VAL) and widths."""
+    from slurm_ft.epilog import expand_pattern
+    from slurm_ft.lab.users import LAB_USER, ensure_user, run_as
+    from slurm_ft.nodejob import NodeJob
+
+    ensure_user()
+    name = f"pat{time.time_ns() % 10**9}"
+    plain = "p-%A-%a-%J-%s-%n-%t-%N-%u-%x-%4j-%12j-%3x-%%.out"
+    array = "a-%A_%a-%2a-%j.out"
+    ids = []
+    for extra, pattern in (([], plain), (["--array=3"], array)):
+        argv = ["/usr/bin/sbatch", "--parsable", f"--job-name={name}", f"--output={pattern}", *extra,
+                "--wrap=echo hello"]
+        proc = run_as(LAB_USER, argv, lab.env(), cwd=str(workdir))
+        assert proc.returncode == 0, proc.stderr
+        ids.append(int(proc.stdout.strip().split(";")[0]))
+    for job_id, pattern in zip(ids, (plain, array)):
+        # a one-task array's task keeps the master's job id: one record either way
+        job = slurm.wait_job(job_id, lambda j: j.ended and bool(j.nodes), 120, 0.3)
+        assert job is not None, f"job {job_id}: {slurm.job(job_id)}"
+        task = job.raw.get("array_task_id")
+        array_task = int(task) if str(task or "").isdigit() else None
+        nj = NodeJob(job_id=job.job_id, node=job.nodes, attempt=0, uid=None, gpus=None, exit_code=0, signal=None,
+                     stdout=pattern, stderr=None, work_dir=str(workdir), job_name=name, user=LAB_USER,
+                     array_job_id=int(job.raw.get("array_job_id") or 0), array_task_id=array_task)
+        path = expand_pattern(pattern, nj)
+        wait_for(lambda: os.path.exists(path), 60, f"{path} (have {sorted(os.listdir(workdir))})")
+        if pattern == array:
+            assert nj.array_job_id == job_id and array_task == 3, job.raw
+        else:
+            assert nj.array_job_id == 0 and "-4294967294-" in path

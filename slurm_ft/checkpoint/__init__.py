@@ -1,4 +1,6 @@
-"""Checkpoint-before-exit: the helper training code imports (helper.py, http.py), the ack channel
+"""Checkpoint-before-exit: the helper training code imports (helper.py, http.py; the helper, the
+ack and the heartbeat are the stdlib-only job client slurm_ft/data/client/slurm_ft_job.py,
+re-exported), the ack channel
 through Slurm (channel.py), and the delivery of the signal to a job's processes (deliver.py; the
 daemon sends it: slurm_ft/failover/ckpt_signal.py)."""
 

@@ -14,108 +14,53 @@ options token, the user's text) is kept::
 first run) so a stale copy of an old attempt cannot ack for the new one; ``t`` is when the report
 was made (epoch s). One writer per job (the reporting rank, see helper.py): the comment is one
 value, last writer wins.
+
+The record's one encoder/decoder and writer are in the job-side client
+(slurm_ft/data/client/slurm_ft_job.py, stdlib only); this module re-exports them for the root side.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import time
-from dataclasses import dataclass
-from urllib.parse import quote, unquote
 
+from ..data.client import slurm_ft_job as _job
+from ..data.client.slurm_ft_job import MAX_PATH, PREFIX, STATES, Ack, find, merge  # noqa: F401 (re-exports)
 from ..errors import SlurmFTError
 
-PREFIX = "slurm-ft-ckpt:"
-STATES = ("saving", "saved", "failed")
-#: Slurm keeps comments well below this; a long path is cut rather than the update refused.
-MAX_PATH = 512
 
-
-@dataclass(frozen=True)
-class Ack:
-    state: str
-    attempt: int
-    step: int | None
-    time: float
-    path: str | None
-
-    def encode(self) -> str:
-        items = [f"state={self.state}", f"attempt={self.attempt}"]
-        if self.step is not None:
-            items.append(f"step={self.step}")
-        items.append(f"t={self.time:.1f}")
-        if self.path:
-            items.append(f"path={quote(self.path[:MAX_PATH], safe='')}")
-        return PREFIX + ",".join(items)
-
-    @classmethod
-    def decode(cls, word: str) -> "Ack | None":
-        """One record, or None when malformed (a comment is user-writable input)."""
-        if not word.startswith(PREFIX):
-            return None
-        fields = dict(item.partition("=")[::2] for item in word[len(PREFIX):].split(",") if item)
-        try:
-            state = fields["state"]
-            if state not in STATES:
-                return None
-            return cls(state, int(fields["attempt"]), int(fields["step"]) if "step" in fields else None,
-                       float(fields["t"]), unquote(fields["path"]) if fields.get("path") else None)
-        except (KeyError, ValueError):
-            return None
-
-
-def find(comment: str) -> Ack | None:
-    """The ack record in a job comment, if any."""
-    for word in (comment or "").split():
-        if word.startswith(PREFIX):
-            return Ack.decode(word)
-    return None
-
-
-def merge(comment: str, ack: Ack) -> str:
-    """``comment`` with its ack record replaced by ``ack`` (other words kept, in order)."""
-    words = [w for w in (comment or "").split() if not w.startswith(PREFIX)]
-    return " ".join([*words, ack.encode()])
-
-
-class Reporter:
-    """Writes acks for one job attempt through Slurm (``squeue`` + ``scontrol update``)."""
+class Reporter(_job.Reporter):
+    """The client's reporter (slurm_ft_job.Reporter: the ack's one writer), with its two Slurm
+    calls run through :class:`slurm_ft.slurm.Slurm` (timeouts, :class:`SlurmFTError`)."""
 
     def __init__(self, job_id: int, attempt: int, slurm=None):
-        from ..slurm import Slurm
-        self.job_id = job_id
-        self.attempt = attempt
-        self.slurm = slurm or Slurm(timeout_s=20.0)
+        super().__init__(job_id, attempt)
+        if slurm is None:
+            from ..slurm import Slurm
+            slurm = Slurm(timeout_s=20.0)
+        self.slurm = slurm
 
     @classmethod
     def from_env(cls, env=None, slurm=None) -> "Reporter | None":
         """For the current job (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``); None outside a job."""
-        env = os.environ if env is None else env
-        job = env.get("SLURM_JOB_ID", "")
-        if not job or not job.isdigit():
-            return None
-        restart = env.get("SLURM_RESTART_COUNT", "0")
-        return cls(int(job), int(restart) if restart.isdigit() else 0, slurm)
+        return super().from_env(os.environ if env is None else env, slurm=slurm)
+
+    def read_comment(self) -> str:
+        current = self.slurm.run("squeue", "-h", f"--jobs={self.job_id}", "-o", "%k").stdout.strip()
+        return "" if current == "(null)" else current
+
+    def write_comment(self, comment: str) -> None:
+        self.slurm.update_job(self.job_id, Comment=comment)
 
     def report(self, state: str, step: int | None = None, path: str | None = None) -> Ack:
-        """Record ``state`` in the job's comment. Raises :class:`SlurmFTError` if Slurm refuses."""
+        """Record ``state`` in the job's comment. Raises :class:`SlurmFTError` if Slurm refuses
+        or ``state`` is not one of :data:`STATES`."""
         if state not in STATES:
             raise SlurmFTError(f"checkpoint state must be one of {', '.join(STATES)}, got {state!r}")
-        ack = Ack(state, self.attempt, step, time.time(), path)
-        current = self.slurm.run("squeue", "-h", f"--jobs={self.job_id}", "-o", "%k").stdout.strip()
-        if current == "(null)":
-            current = ""
-        self.slurm.update_job(self.job_id, Comment=merge(current, ack))
-        return ack
+        try:
+            return super().report(state, step, path)
+        except _job.ClientError as exc:
+            raise SlurmFTError(str(exc)) from None
 
 
-def report_quietly(reporter: Reporter | None, state: str, step=None, path=None) -> Ack | None:
-    """``reporter.report`` for training code: a Slurm hiccup is printed, never raised."""
-    if reporter is None:
-        return None
-    try:
-        return reporter.report(state, step, path)
-    except SlurmFTError as exc:
-        print(f"slurm-ft checkpoint: could not report {state!r} to Slurm: {exc}", file=sys.stderr, flush=True)
-        return None
+#: Training code's report: a Slurm hiccup is printed, never raised (slurm_ft_job.report_quietly).
+report_quietly = _job.report_quietly

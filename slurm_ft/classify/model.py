@@ -112,6 +112,11 @@ class Evidence:
     now: float | None = None
     kernel_records: bool = False
     kernel_log_error: str = ""
+    #: ``output not read: <reason>`` lines, one per job output the epilog could not read (an
+    #: unexpandable filename pattern, a file it may not read; slurm_ft.epilog.read_outputs):
+    #: stderr_tail then lacks it for want of a source. The epilog adds them to the verdict's
+    #: evidence (slurm_ft.epilog.with_unread_outputs).
+    output_unread: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
