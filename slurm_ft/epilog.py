@@ -133,7 +133,8 @@ def expand_pattern(pattern: str | bytes, job: NodeJob) -> str:
     * ``%%`` -> ``%``; ``%j`` and ``%J`` -> job id (the batch step has no step number to add);
       ``%A`` -> array master job id (the job id when not an array task); ``%a`` -> array task id
       (``4294967294``, Slurm's NO_VAL, when not an array task); ``%s`` -> ``batch``; ``%n`` ->
-      ``0`` (node index), ``%t`` -> ``0`` (task rank); ``%N`` -> this node's short name; ``%u``
+      ``0`` (node index), ``%t`` -> ``0`` (task rank); ``%N`` -> this machine's short host name
+      (``NodeJob.host``; slurmstepd's, which is not the NodeName where they differ); ``%u``
       -> the user name (``SLURM_JOB_USER``, else the passwd entry of ``SLURM_JOB_UID``); ``%x``
       -> the job name;
     * ASCII digits between ``%`` and the letter zero-pad a number (``%4j`` -> ``0012``), at most
@@ -217,7 +218,7 @@ def _user(job: NodeJob) -> str | None:
 
 _NUMBERS = {"j": lambda job: job.job_id, "J": lambda job: job.job_id, "A": _array_job, "a": _array_task,
             "n": lambda job: 0, "t": lambda job: 0}
-_NAMES = {"N": lambda job: job.node, "u": _user, "x": lambda job: job.job_name, "s": lambda job: "batch"}
+_NAMES = {"N": lambda job: job.host or job.node, "u": _user, "x": lambda job: job.job_name, "s": lambda job: "batch"}
 _NAME_WHAT = {"u": "the user name", "x": "the job name", "N": "the node name", "s": "the step"}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 from dataclasses import dataclass
 
@@ -82,6 +83,10 @@ class NodeJob:
     array_task_id: int | None = None
     #: ``SLURM_JOB_USER``: the user name (``%u`` of a filename pattern); None when unset.
     user: str | None = None
+    #: This machine's short host name (``gethostname`` up to the first dot), which slurmstepd
+    #: writes for ``%N`` (not the NodeName: measured on the lab, where nodes ``n1``..``n3`` share
+    #: host ``vm``, ``%N`` is ``vm``); None: use :attr:`node`.
+    host: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "NodeJob":
@@ -101,6 +106,7 @@ class NodeJob:
             work_dir=env.get("SLURM_JOB_WORK_DIR") or None,
             job_name=env.get("SLURM_JOB_NAME"), user=env.get("SLURM_JOB_USER") or None,
             array_job_id=_id(env, "SLURM_ARRAY_JOB_ID"), array_task_id=_id(env, "SLURM_ARRAY_TASK_ID"),
+            host=socket.gethostname().split(".", 1)[0] or None,
         )
 
 

@@ -192,7 +192,7 @@ def test_expand_output_pattern():
     job = NodeJob.from_env({"SLURM_JOB_ID": "12", "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0",
                             "SLURM_JOB_WORK_DIR": "/home/u"})
     assert expand_output_pattern("/out/%j.out", job) == "/out/12.out"
-    assert expand_output_pattern("slurm-%4j-%N.out", job) == "/home/u/slurm-0012-n1.out"
+    assert expand_output_pattern("slurm-%4j-%N.out", job) == f"/home/u/slurm-0012-{job.host}.out"  # host, not node
     assert expand_output_pattern("/o/%u/%%j", job) == "/o/root/%j"
     assert expand_output_pattern("/o/%x.out", job) is None      # job name unknown here: never guess
     assert expand_output_pattern("/o/%q.out", job) is None

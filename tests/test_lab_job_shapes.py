@@ -229,7 +229,10 @@ def test_job_name_in_the_output_pattern_is_diagnosed_like_the_job_id(lab, ft_his
 def test_every_filename_pattern_escape_expands_to_the_file_slurm_wrote(lab, slurm, workdir):
     """Slurm's own expansion on the lab (22.05), escape by escape: the file slurmstepd created for
     a plain job and for an array task is the path the epilog expands (slurm_ft.epilog.expand_pattern),
-    including ``%a`` of a job that is no array task (Slurm's NO_VAL) and widths."""
+    including ``%a`` of a job that is no array task (Slurm's NO_VAL), widths, and ``%N``: the host's
+    short name (measured: ``vm`` for node n1), not the NodeName."""
+    import socket
+
     from slurm_ft.epilog import expand_pattern
     from slurm_ft.lab.users import LAB_USER, ensure_user, run_as
     from slurm_ft.nodejob import NodeJob
@@ -253,7 +256,8 @@ def test_every_filename_pattern_escape_expands_to_the_file_slurm_wrote(lab, slur
         array_task = int(task) if str(task or "").isdigit() else None
         nj = NodeJob(job_id=job.job_id, node=job.nodes, attempt=0, uid=None, gpus=None, exit_code=0, signal=None,
                      stdout=pattern, stderr=None, work_dir=str(workdir), job_name=name, user=LAB_USER,
-                     array_job_id=int(job.raw.get("array_job_id") or 0), array_task_id=array_task)
+                     array_job_id=int(job.raw.get("array_job_id") or 0), array_task_id=array_task,
+                     host=socket.gethostname().split(".")[0])      # the lab's nodes share this host
         path = expand_pattern(pattern, nj)
         wait_for(lambda: os.path.exists(path), 60, f"{path} (have {sorted(os.listdir(workdir))})")
         if pattern == array:

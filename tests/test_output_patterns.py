@@ -25,7 +25,7 @@ def reference(pattern: str, job: NodeJob) -> str | None:
     """sbatch(1): ``\\\\`` "Do not process any of the replacement symbols"; ``%%`` "The character
     %"; ``%A`` "Job array's master job allocation number"; ``%a`` "Job array ID (index) number";
     ``%J`` "jobid.stepid of the running job" (the batch step: the job id alone); ``%j`` "jobid of
-    the running job"; ``%N`` "short hostname"; ``%n`` "Node identifier relative to current job"
+    the running job"; ``%N`` "short hostname" (the machine's, not the NodeName); ``%n`` "Node identifier relative to current job"
     (0: the batch script runs on the job's first node); ``%s`` "stepid of the running job"
     (``batch``); ``%t`` "task identifier (rank) relative to current job" (0); ``%u`` "User
     name"; ``%x`` "Job name". "A number placed between the percent character and format specifier
@@ -38,7 +38,7 @@ def reference(pattern: str, job: NodeJob) -> str | None:
         numbers = {"j": job.job_id, "J": job.job_id, "n": 0, "t": 0,
                    "A": None if array is None else (array or job.job_id),
                    "a": None if array is None else (job.array_task_id if array else NO_VAL)}
-        names = {"N": job.node, "s": "batch", "u": job.user, "x": job.job_name}
+        names = {"N": job.host or job.node, "s": "batch", "u": job.user, "x": job.job_name}
         bad = []
 
         def one(m: re.Match) -> str:
@@ -58,10 +58,10 @@ def reference(pattern: str, job: NodeJob) -> str | None:
     return out if out.startswith("/") or not job.work_dir else os.path.join(job.work_dir, out)
 
 
-def job_of(name=None, array=None, task=None, user="alice", work_dir="/home/alice") -> NodeJob:
+def job_of(name=None, array=None, task=None, user="alice", work_dir="/home/alice", host=None) -> NodeJob:
     return NodeJob(job_id=12, node="n1", attempt=0, uid=None, gpus=None, exit_code=1, signal=None,
                    stdout=None, stderr=None, work_dir=work_dir, job_name=name, array_job_id=array,
-                   array_task_id=task, user=user)
+                   array_task_id=task, user=user, host=host)
 
 
 ESCAPES = st.sampled_from(list("%AajJNnstux") + ["q", "b", "\u00b2", "", "/", "\\"])
@@ -74,7 +74,8 @@ PATTERNS = st.lists(PIECES, max_size=8).map("".join)
 JOBS = st.builds(job_of, name=st.one_of(st.none(), st.text(max_size=5)),
                  array=st.one_of(st.none(), st.just(0), st.integers(1, 2**32 - 1)),
                  task=st.integers(0, 2**32 - 1), user=st.one_of(st.none(), st.just("alice")),
-                 work_dir=st.sampled_from([None, "/home/alice", "/w/caf\u00e9"]))
+                 work_dir=st.sampled_from([None, "/home/alice", "/w/caf\u00e9"]),
+                 host=st.sampled_from([None, "vm", "gpu-node07"]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -129,6 +130,15 @@ def test_only_record_escapes_ask_slurmctld():
     assert pattern_needs_job_record("%x-%j.out", bare)
     assert pattern_needs_job_record(b"slurm-%A_%a.out", bare)
     assert not pattern_needs_job_record("%x-%A_%a.out", job_of(name="n", array=0))
+
+
+def test_percent_n_is_the_short_host_name_not_the_node_name():
+    """Measured on the lab (22.05): nodes n1..n3 share host ``vm``; slurmstepd wrote ``%N`` as
+    ``vm`` (tests/test_lab_job_shapes.py::test_every_filename_pattern_escape_expands_to_the_file_slurm_wrote)."""
+    import socket
+    assert expand_output_pattern("/o/%N.out", job_of(host="vm")) == "/o/vm.out"
+    job = NodeJob.from_env({"SLURM_JOB_ID": "12", "SLURMD_NODENAME": "n1"})
+    assert job.host == socket.gethostname().split(".")[0]
 
 
 def test_env_gives_name_and_array_ids():
