@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 LAB_DIR ?= /var/tmp/slurm-ft-lab
 
-.PHONY: setup system venv demo test test-unit test-docker lab-up lab-down spank bench clean
+.PHONY: setup system venv demo test test-unit test-docker lab-up lab-down spank bench clean deb
 
 setup: system venv spank
 
@@ -38,6 +38,11 @@ test-docker: setup
 
 lab-up: setup
 	$(PY) -m slurm_ft.cli lab up --dir $(LAB_DIR)
+
+# One .deb per Debian release (packaging/deb/releases.toml) into build/deb/: make deb RELEASE=trixie
+RELEASE ?=
+deb: venv
+	$(PY) packaging/deb/build.py $(if $(RELEASE),--release $(RELEASE)) --out build/deb
 
 lab-down: venv
 	$(PY) -m slurm_ft.cli lab down --dir $(LAB_DIR)

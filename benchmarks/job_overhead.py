@@ -29,10 +29,13 @@ The lab's original slurm.conf is put back (and reconfigured) at the end, also on
 Why a hook costs more than its run time on a Slurm with ``PrologFlags=Alloc`` (hold): srun polls
 ``slurm_job_node_ready`` until the prolog is reported done, asking at 0 and 0.1 s, then at 1.1 s
 (24.11) or 0.3, 0.6, 1.0 s (22.05): a prolog not done within about 0.1 s of the allocation costs
-the whole next sleep (docs/architecture.md, "Per-job cost"). ``--ft-prolog-flags Alloc,NoHold
---bare-prolog-flags Alloc`` shows what ``NoHold`` (no poll: slurmd holds the step instead) gives.
+the whole next sleep (docs/architecture.md, "Per-job cost"). The lab, as docs/install.md, sets
+``Alloc,NoHold`` (no poll: slurmd holds the step instead); ``--ft-prolog-flags Alloc
+--bare-prolog-flags Alloc`` measures a site that must keep ``Alloc`` alone (``Contain``).
 
 Prints ``name=value`` lines, ``added_s=`` (median ft - median bare srun seconds) last.
+``--before-prolog WRAPPER`` adds a ``before`` series (the ft configuration with that Prolog=, e.g.
+a wrapper running an older checkout) in every round, for a before/after figure under one load.
 Target (issue 24): <= 0.15 s added (bar: 0.2 s).
 """
 
@@ -191,6 +194,10 @@ def main() -> int:
     ap.add_argument("--ft-prolog", default=None,
                     help="Prolog= of the ft series (default: the lab's, slurm-ft's prolog/slurm-ft-prolog); e.g. a "
                          "wrapper running an older slurm-ft, for a before/after figure")
+    ap.add_argument("--before-prolog", default=None,
+                    help="adds a third series, 'before': the ft configuration with this Prolog= (a wrapper running "
+                         "an older slurm-ft), alternating with the other two in every round, so that a before/after "
+                         "figure is measured under the same load; prints before_* lines and before_added_s")
     args = ap.parse_args()
     if args.runs < 1 or args.per_round < 1:
         sys.exit("--runs and --per-round must be >= 1")
@@ -207,6 +214,7 @@ def main() -> int:
     if args.ft_without_ctld_hook:
         ft_settings.update(PrologSlurmctld=None, EpilogSlurmctld=None)
     confs = {
+        **({"before": variant(original, {**ft_settings, "Prolog": args.before_prolog})} if args.before_prolog else {}),
         "ft": variant(original, ft_settings),
         "bare": variant(original, {"Prolog": "/bin/true", "Epilog": "/bin/true", "PrologSlurmctld": None,
                                    "EpilogSlurmctld": None, "PrologFlags": args.bare_prolog_flags or flags}),
@@ -214,12 +222,12 @@ def main() -> int:
     bench = Bench(lab, slurm)
     # a `timeout` or kill -TERM still puts the lab's own slurm.conf back (the finally below)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
-    times: dict[str, list[float]] = {"ft": [], "bare": []}
-    done: dict[str, list[float]] = {"ft": [], "bare": []}
+    times: dict[str, list[float]] = {name: [] for name in confs}
+    done: dict[str, list[float]] = {name: [] for name in confs}
     try:
         for r in range(args.runs):
-            for name in ("ft", "bare"):
-                bench.apply(confs[name], ft=name == "ft")
+            for name in confs:
+                bench.apply(confs[name], ft=name != "bare")
                 t, c = bench.series(args.per_round)
                 times[name] += t
                 done[name] += c
@@ -234,12 +242,16 @@ def main() -> int:
     print(f"ft_prolog={conf_value(confs['ft'], 'Prolog')}")
     print(f"ft_probe_nodes_with_health_rows={bench.health_seen}")
     print(f"jobs_per_config={len(times['ft'])}")
-    for name in ("bare", "ft"):
+    if args.before_prolog:
+        print(f"before_prolog={args.before_prolog}")
+    for name in ("bare", *(("before",) if args.before_prolog else ()), "ft"):
         print(f"{name}_median_s={statistics.median(times[name]):.3f}")
         print(f"{name}_min_s={min(times[name]):.3f}")
         print(f"{name}_max_s={max(times[name]):.3f}")
         print(f"{name}_completing_median_s={statistics.median(done[name]):.3f}")
     print("target_s=0.15")
+    if args.before_prolog:
+        print(f"before_added_s={statistics.median(times['before']) - statistics.median(times['bare']):.3f}")
     print(f"added_s={statistics.median(times['ft']) - statistics.median(times['bare']):.3f}")
     return 0
 

@@ -1,10 +1,10 @@
 #!/bin/sh
-# `make test`: the unit + native lab suite, then the Docker lab suite on Slurm 24.11 and 22.05
-# (docs/lab.md). Runs every part even when one fails, prints the time each took, and exits
+# `make test`: the unit + native lab suite, then the Docker lab suite on Slurm 24.11, 22.05 and
+# 26.05 (docs/lab.md). Runs every part even when one fails, prints the time each took, and exits
 # non-zero if any failed. SLURM_FT_DOCKER_VERSIONS="24.11" limits the Docker versions.
 set -u
 PY=${PY:-.venv/bin/python}
-VERSIONS=${SLURM_FT_DOCKER_VERSIONS:-"24.11 22.05"}
+VERSIONS=${SLURM_FT_DOCKER_VERSIONS:-"24.11 22.05 26.05"}
 failed=""
 summary=""
 part() {  # part NAME COMMAND...

@@ -2,12 +2,14 @@
 # Installs what slurm-ft's lab, demo and tests need on a Debian 12/13 machine, as root.
 # Run by `make setup` (and so by `make demo` / `make test`). Idempotent: installs only what is missing.
 set -eu
+# chromium: the drain report's browser test renders the HTML report headless (tests/test_report_browser.py).
 # lua5.1: the interpreter tests run job_submit.lua in (Debian's job_submit_lua.so links liblua5.1).
 # slurmdbd + MariaDB's server and client cores: the lab's accounting, so `sacct` works (submitit
 # polls it); the lab runs its own mariadbd, no system service is started (slurm_ft/lab/accounting.py).
 PKGS="slurmctld slurmd slurm-client munge libslurm-dev gcc make python3 python3-venv procps iproute2 util-linux lua5.1
       slurmdbd mariadb-server-core mariadb-client-core
-      docker.io debootstrap"
+      docker.io debootstrap
+      chromium"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -59,7 +59,8 @@ def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str, 
     try:
         cfg = config_mod.load(config_path)
         open_daemon_journal(cfg).close()    # the journal's directory, with the journal's permissions
-        with daemonlock.acquire(cfg.journal.path):
+        from .history_service import serving    # users' ft-history from login nodes ([history] serve)
+        with daemonlock.acquire(cfg.journal.path), serving(cfg, enabled=not once):
             Daemon(cfg).run(once=once)
     except SlurmFTError as exc:
         raise _fail(exc) from None
@@ -205,7 +206,7 @@ def _lab(lab_dir: str):
 
 
 def _engine_options(f):
-    f = click.option("--slurm", type=click.Choice(["22.05", "24.11"]), envvar="SLURM_FT_LAB_SLURM",
+    f = click.option("--slurm", type=click.Choice(["22.05", "24.11", "26.05"]), envvar="SLURM_FT_LAB_SLURM",
                      show_envvar=True, default=None,
                      help="Slurm version of the Docker lab [default: 24.11].")(f)
     return click.option("--engine", type=click.Choice(["native", "docker"]), default="native", show_default=True,
@@ -222,19 +223,25 @@ def _docker_lab(slurm: str | None, lab_dir: str):
 @click.option("--nodes", type=click.IntRange(1, lab_layout.MAX_NODES), default=3, show_default=True,
               help="Number of slurmd nodes.")
 @click.option("--no-daemon", is_flag=True, help="Do not start the slurm-ft requeue daemon.")
+@click.option("--controllers", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="Docker lab: slurmctld containers (2: ctl primary, ctl2 backup, a daemon in each).")
 @click.option("--port-base", type=click.IntRange(1024, 60000), default=None,
               help="slurmctld listens on BASE+17, node nK on BASE+200+K [default: 16800, or the lab's last].")
 @_dir_option
 @_engine_options
-def lab_up(nodes: int, no_daemon: bool, port_base: int | None, lab_dir: str, engine: str, slurm: str | None) -> None:
+def lab_up(nodes: int, no_daemon: bool, controllers: int, port_base: int | None, lab_dir: str, engine: str,
+           slurm: str | None) -> None:
     """Start the lab cluster (idempotent; copes with stale state from a killed lab). With
     ``--engine docker``: a controller and NODES compute containers of Slurm ``--slurm``
     (docs/lab.md; the image is built on first use, then cached)."""
     from .lab.cluster import Lab
     try:
         if engine == "docker":
-            _docker_lab(slurm, lab_dir).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
+            _docker_lab(slurm, lab_dir).up(nodes=nodes, daemon=not no_daemon, log=click.echo,
+                                           controllers=controllers)
         else:
+            if controllers != 1:
+                raise click.UsageError("--controllers 2 needs --engine docker")
             Lab(lab_dir, port_base).up(nodes=nodes, daemon=not no_daemon, log=click.echo)
     except SlurmFTError as exc:
         raise _fail(exc) from None
@@ -256,7 +263,7 @@ def lab_down(lab_dir: str, engine: str, slurm: str | None) -> None:
 
 
 @lab.command("build-image")
-@click.option("--slurm", type=click.Choice(["22.05", "24.11"]), envvar="SLURM_FT_LAB_SLURM", show_envvar=True,
+@click.option("--slurm", type=click.Choice(["22.05", "24.11", "26.05"]), envvar="SLURM_FT_LAB_SLURM", show_envvar=True,
               multiple=True, help="Slurm version(s) [default: 24.11].")
 def lab_build_image(slurm: tuple[str, ...]) -> None:
     """Build (or find cached) the Docker lab image of each Slurm version (offline, from Debian's
@@ -303,7 +310,7 @@ def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool, lab_dir: str) -
         raise click.BadParameter(f"{node!r} is not a node of the lab in {lab_dir} ({', '.join(nodes) or 'none'})",
                                  param_hint="NODE")
     try:
-        done = inject_xid(node, xid, gpu, kill=not no_kill)
+        done = inject_xid(node, xid, gpu, kill=not no_kill, lab_dir=lab_dir)
     except SlurmFTError as exc:
         raise _fail(exc) from None
     click.echo(f"kmsg: {done['line']}")
@@ -386,6 +393,30 @@ def lab_reset(lab_dir: str) -> None:
     click.echo("lab reset: no jobs, every node idle, every GPU healthy")
 
 
+@lab.command("snapshot-ctld")
+@_dir_option
+def lab_snapshot_ctld(lab_dir: str) -> None:
+    """Keep a copy of slurmctld's saved state as it is now (for ``restart-ctld --lose-state``)."""
+    try:
+        click.echo(f"slurmctld state saved in {_lab(lab_dir).snapshot_ctld()}")
+    except (SlurmFTError, OSError) as exc:
+        raise _fail(exc) from None
+
+
+@lab.command("restart-ctld")
+@click.option("--lose-state", "lose_state", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Restart from the state saved SECONDS ago (the newest `lab snapshot-ctld` that old), as a "
+                   "crash that lost its last writes does.")
+@_dir_option
+def lab_restart_ctld(lose_state: float | None, lab_dir: str) -> None:
+    """Crash slurmctld (kill -9) and start it again alone, with the same arguments; slurmd and the
+    jobs keep running (docs/lab.md)."""
+    try:
+        _lab(lab_dir).restart_ctld(lose_state, log=click.echo)
+    except (SlurmFTError, OSError) as exc:
+        raise _fail(exc) from None
+
+
 @lab.command("demo")
 @_dir_option
 def lab_demo(lab_dir: str) -> None:
@@ -403,6 +434,7 @@ from .bisect.cli import bisect_command  # noqa: E402
 from .breaker_cli import breaker_command  # noqa: E402
 from .classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
 from .health.cli import health_command  # noqa: E402
+from .wait import wait_command  # noqa: E402
 
 main.add_command(bisect_command)
 main.add_command(breaker_command)
@@ -411,6 +443,7 @@ main.add_command(install_command)
 main.add_command(metrics_command)
 main.add_command(classify_command)
 main.add_command(health_command)
+main.add_command(wait_command)
 
 if __name__ == "__main__":
     main()

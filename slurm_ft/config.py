@@ -193,6 +193,61 @@ class BisectConfig:
 
 
 @dataclass(frozen=True)
+class NotifyConfig:
+    """``[notify]``: tell a job's owner of each failover and of a give-up (off by default;
+    slurm_ft.failover.owner)."""
+    #: Mail through Slurm's own ``MailProg`` to jobs that asked for mail (``--mail-type`` FAIL,
+    #: REQUEUE, END or ALL; to ``--mail-user`` or the job's user).
+    mail: bool = False
+    #: A site webhook: an ``http(s)://`` URL the daemon POSTs one JSON event to; "" = none.
+    webhook: str = ""
+    #: Seconds one mail or webhook call may take (the daemon waits for it).
+    timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    """``[history]``: the history service (slurm_ft/history_service.py), through which an ordinary
+    user's ``ft-history`` on a login node reads their own jobs' history with a MUNGE credential."""
+    #: The daemon runs the history service (a child process, on the controller host).
+    serve: bool = True
+    #: TCP port the service listens on and ``ft-history`` connects to.
+    port: int = 6827
+    #: Address the service listens on ("" = every address of the controller host).
+    listen: str = ""
+    #: Where ``ft-history`` asks: ``host:port`` (comma-separated to try several); "" = each
+    #: ``SlurmctldHost`` of ``scontrol show config``, in order, at ``port``.
+    endpoint: str = ""
+    #: Seconds ``ft-history`` waits for an answer (the service gives a request as long).
+    timeout_s: float = 30.0
+    #: Queries the service answers at once (more wait; past 4x this many, "busy").
+    workers: int = 4
+
+
+@dataclass(frozen=True)
+class RemediateConfig:
+    """``[remediate]``: break-fix remediation of the nodes slurm-ft drained for hardware (off by
+    default; slurm_ft.remediate, docs/drain-report.md "Break-fix remediation"). Once no job runs on
+    the node: the repair the Xid catalog calls for (GPU reset or ``scontrol reboot``), then the
+    trusted checks (``slurm-ft health --act`` as HealthCheckProgram), resume only on a pass."""
+    enabled: bool = False
+    #: A node needing more than this many repairs within ``window_s`` stays drained (``slurm-ft: rma:``).
+    max_repairs: int = 3
+    #: Seconds over which repairs are counted for the RMA rule (default 30 days).
+    window_s: float = 2592000.0
+    #: Use a GPU reset where the catalog says a reset is enough (else always a reboot).
+    reset: bool = True
+    #: Seconds a repair may take (reboot, reset, checks) before it counts as failed.
+    repair_timeout_s: float = 900.0
+    #: ``nvidia-smi`` for the GPU reset and persistence mode (absolute: root never searches $PATH).
+    nvidia_smi: str = "/usr/bin/nvidia-smi"
+    #: NVIDIA's bug-report script, run after a failed reset ("" = never); skipped when absent.
+    bug_report: str = "/usr/bin/nvidia-bug-report.sh"
+    #: Where the bug reports go (root-only directory, made 0700 if missing).
+    bug_report_dir: str = "/var/lib/slurm-ft/bug-reports"
+
+
+@dataclass(frozen=True)
 class Config:
     journal: JournalConfig = field(default_factory=JournalConfig)
     failover: FailoverConfig = field(default_factory=FailoverConfig)
@@ -202,6 +257,9 @@ class Config:
     node_state: NodeStateConfig = field(default_factory=NodeStateConfig)
     hang: HangConfig = field(default_factory=HangConfig)
     bisect: BisectConfig = field(default_factory=BisectConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
+    remediate: RemediateConfig = field(default_factory=RemediateConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
     #: Raw ``[classify]`` table, validated by ``slurm_ft.classify``.
     classify: dict[str, Any] = field(default_factory=dict)
     #: Raw ``[health]`` table, validated by ``slurm_ft.health``.
@@ -229,6 +287,9 @@ _SECTIONS = {
     "node_state": NodeStateConfig,
     "hang": HangConfig,
     "bisect": BisectConfig,
+    "notify": NotifyConfig,
+    "remediate": RemediateConfig,
+    "history": HistoryConfig,
 }
 _RAW_SECTIONS = ("classify", "health")
 
@@ -295,6 +356,32 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"node_state.log: must be an absolute path or \"\", got {cfg.node_state.log!r}")
     if cfg.slurm.command_timeout_s <= 0:
         raise ConfigError("slurm.command_timeout_s: must be > 0")
+    if cfg.notify.webhook and not cfg.notify.webhook.startswith(("http://", "https://")):
+        raise ConfigError(f"notify.webhook: an http:// or https:// URL or \"\", got {cfg.notify.webhook!r}")
+    if cfg.notify.timeout_s <= 0:
+        raise ConfigError("notify.timeout_s: must be > 0")
+    hs = cfg.history
+    if not 1 <= hs.port <= 65535:
+        raise ConfigError(f"history.port: must be 1..65535, got {hs.port}")
+    if hs.timeout_s <= 0:
+        raise ConfigError(f"history.timeout_s: must be > 0, got {hs.timeout_s}")
+    if not 1 <= hs.workers <= 64:
+        raise ConfigError(f"history.workers: must be 1..64, got {hs.workers}")
+    if hs.endpoint:
+        from .history_client import parse_endpoints   # "host:port[,host:port...]"
+        try:
+            parse_endpoints(hs.endpoint, hs.port)
+        except ValueError as exc:
+            raise ConfigError(f"history.endpoint: {exc}") from None
+    rm = cfg.remediate
+    if not 1 <= rm.max_repairs <= 100:
+        raise ConfigError(f"remediate.max_repairs: must be 1..100, got {rm.max_repairs}")
+    if rm.window_s <= 0 or rm.repair_timeout_s <= 0:
+        raise ConfigError("remediate.window_s and remediate.repair_timeout_s: must be > 0")
+    for key in ("nvidia_smi", "bug_report", "bug_report_dir"):
+        value = getattr(rm, key)
+        if value and not os.path.isabs(value):
+            raise ConfigError(f"remediate.{key}: must be an absolute path (root never searches $PATH), got {value!r}")
     h = cfg.hang
     for key in ("poll_s", "dump_timeout_s", "slurm_check_s"):
         if getattr(h, key) <= 0:

@@ -149,7 +149,7 @@ def _script_check(env: Env, key: str, kind: str) -> list[Check]:
     paths = _values(env.conf.get(key))
     if not paths:
         return [Check(name, "FAIL", f"{setting}= is not set: slurm-ft never sees a job",
-                      f"slurm.conf: {setting}={want}" + ("  PrologFlags=Alloc" if kind == "prolog" else ""))]
+                      f"slurm.conf: {setting}={want}" + ("  PrologFlags=Alloc,NoHold" if kind == "prolog" else ""))]
     files = [Path(f) for p in paths for f in (sorted(glob.glob(p)) or [p])]
     if "node" not in env.roles:
         if any(f.name == f"slurm-ft-{kind}" for f in files):
@@ -193,13 +193,23 @@ def _script_check(env: Env, key: str, kind: str) -> list[Check]:
 def check_prolog(env: Env) -> list[Check]:
     out = _script_check(env, "prolog", "prolog")
     flags = [f.lower() for f in _values(env.conf.get("prologflags"))]
-    if "alloc" in flags:
+    if "alloc" in flags and ("nohold" in flags or {"contain", "x11"} & set(flags)):
         out.append(Check("prolog-flags", "OK", f"PrologFlags={env.conf.get('prologflags')}"))
+    elif "alloc" in flags:
+        # Alloc without NoHold: srun polls for the prolog's end (0.1 s, then 0.3-1.1 s later), which
+        # costs most jobs 0.2-1 s; NoHold lets slurmd hold the step instead (docs/architecture.md,
+        # "Per-job cost"). Not with Contain or X11 (slurm.conf(5)): those keep the poll.
+        out.append(Check("prolog-flags", "WARN",
+                         f"PrologFlags={env.conf.get('prologflags')}: srun polls for the prolog's end, about "
+                         f"0.2 s (22.05) to 1 s (24.11) added to every job",
+                         "slurm.conf: PrologFlags=Alloc,NoHold (unless you need Contain or X11, which NoHold "
+                         "cannot be combined with)"))
     else:
         out.append(Check("prolog-flags", "FAIL",
                          f"PrologFlags={env.conf.get('prologflags') or '(unset)'}: the prolog runs only at the "
                          f"first step, too late for the GPU checks and the start marker",
-                         "slurm.conf: PrologFlags=Alloc (keep other flags: Alloc,Contain)"))
+                         "slurm.conf: PrologFlags=Alloc,NoHold (or Alloc,Contain where pam_slurm_adopt needs "
+                         "Contain)"))
     return out
 
 
@@ -292,7 +302,8 @@ def _journal_check(name: str, path: Path) -> Check:
                 jobs = j.db.execute("SELECT count(*) FROM jobs").fetchone()[0]
                 dead = j.dead_letter_count()
         except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file is a FAIL, never a traceback
-            return Check(name, "FAIL", f"{path}: {exc}", "move the file aside; the writer makes a new one")
+            return Check(name, "FAIL", f"{path}: {exc}", "see the error (move the file aside only when it says "
+                                                         "corrupted; the writer makes a new one)")
         if dead:   # spooled writes the database refused (slurm_ft.journal.store.Journal.flush)
             return Check(name, "WARN", f"{path} ({jobs} jobs): {dead} spooled write(s) refused and set aside "
                          f"in its dead_letters table", f"sqlite3 {path} 'SELECT * FROM dead_letters'; "
@@ -306,14 +317,30 @@ def _journal_check(name: str, path: Path) -> Check:
     return Check(name, "OK", f"{path} not created yet (the first writer creates it)")
 
 
+def _writable_check(name: str, path: Path) -> Check:
+    """Whether the journal's storage takes writes now (slurm_ft.journal.trouble): a full disk, a
+    read-only remount or an I/O error named as such; rows waiting in its spool."""
+    from .journal import trouble
+    t = trouble.check_writable(path, write_test=os.geteuid() == 0)
+    if t is not None:
+        return Check(name, "FAIL", f"{path}: {t}; failovers go on, its rows wait in the daemon's memory", t.advice)
+    waiting = trouble.waiting_rows(path)
+    if waiting:
+        return Check(name, "WARN", f"{path}: {waiting} row(s) wait in {path}.spool",
+                     "the daemon applies them each cycle; is it running? (slurm-ft doctor: daemon)")
+    return Check(name, "OK", f"{path.parent} takes writes")
+
+
 def check_journals(env: Env) -> list[Check]:
     if env.cfg is None:
         return [Check("journal", "SKIP", "no valid config")]
     out = []
     if "controller" in env.roles:
         out.append(_journal_check("journal", Path(env.cfg.journal.path)))
+        out.append(_writable_check("journal-writable", Path(env.cfg.journal.path)))
     if "node" in env.roles:
         out.append(_journal_check("node-journal", Path(env.cfg.node_journal_path(env.host))))
+        out.append(_writable_check("node-journal-writable", Path(env.cfg.node_journal_path(env.host))))
         d = Path(env.cfg.node_state.dir)
         bad = untrusted(d) if d.exists() else None
         if bad:
@@ -407,10 +434,50 @@ def check_kernel_log(env: Env) -> list[Check]:
                   "and kernel.dmesg_restrict=0); docs/health-checks.md")]
 
 
+#: First Slurm release with expedited requeue (``--requeue=expedite``; release notes of 25.11).
+EXPEDITE_SINCE = (25, 11)
+#: The parameter that turns it on; sites set it in ``SlurmctldParameters`` (SchedMD's GCP controller
+#: module) or ``SchedulerParameters`` (some vendors' guides): both are looked at.
+EXPEDITE_KEY = "enable_expedited_requeue"
+
+
+def slurm_version(conf: dict[str, str]) -> tuple[int, int] | None:
+    """(major, minor) of ``SLURM_VERSION`` in ``scontrol show config`` (``22.05.8`` -> (22, 5)),
+    None when the settings came from slurm.conf (it holds no version) or the text is odd."""
+    m = re.match(r"\s*(\d+)\.(\d+)", conf.get("slurm_version") or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_failover_path(env: Env) -> list[Check]:
+    """The Slurm version and which failover path a hardware fault takes on this cluster:
+    slurm-ft's (the daemon requeues with ExcNodeList, priority and the retry budget), only
+    observed (``[failover] mode = observe``), and whether Slurm's own expedited requeue (>= 25.11)
+    is on beside it. A job submitted with ``--requeue=expedite`` is requeued by slurmctld itself
+    onto its previous nodes, when the epilog fails or a node fails (Slurm 25.11 release notes);
+    an ft job never is: ``cli_filter.lua`` replaces ``--requeue=expedite`` by a bare ``--requeue``."""
+    text = (env.conf.get("slurm_version") or "").strip() or "unknown (settings read from slurm.conf)"
+    mode = getattr(getattr(env.cfg, "failover", None), "mode", "act")
+    path = ("slurm-ft observes only: decisions journaled, nothing changed in Slurm ([failover] mode = observe)"
+            if mode == "observe" else "slurm-ft failover (the daemon requeues with ExcNodeList, priority and the "
+            "retry budget)")
+    version = slurm_version(env.conf)
+    params = ",".join(env.conf.get(k) or "" for k in ("slurmctldparameters", "schedulerparameters"))
+    expedite = EXPEDITE_KEY in {p.strip().split("=", 1)[0] for p in params.split(",")}
+    if version is not None and version < EXPEDITE_SINCE:
+        return [Check("failover-path", "OK", f"Slurm {text}; {path}; no expedited requeue before 25.11")]
+    if not expedite:
+        return [Check("failover-path", "OK", f"Slurm {text}; {path}; Slurm's expedited requeue is off "
+                      f"(--requeue=expedite is refused at submit)")]
+    return [Check("failover-path", "OK", f"Slurm {text}; {path}; Slurm's expedited requeue is on: ft jobs still take "
+                  "slurm-ft's path (cli_filter.lua submits them with a bare --requeue, replacing =expedite, so a "
+                  "job is never requeued twice); other jobs with --requeue=expedite are requeued by slurmctld onto "
+                  "their previous nodes")]
+
+
 NODE_CHECKS = (check_prolog, check_epilog, check_plugstack, check_cli_filter, check_journals, check_health_scope,
                check_nvml, check_kernel_log)
 CONTROLLER_CHECKS = (check_prolog, check_epilog, check_job_submit, check_cli_filter, check_plugstack,
-                     check_journals, check_daemon)
+                     check_journals, check_daemon, check_failover_path)
 
 
 def run(env: Env) -> list[Check]:

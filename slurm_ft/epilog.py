@@ -350,6 +350,79 @@ def with_prior_xids(cfg, job: NodeJob, evidence, policy, log):
     return dataclasses.replace(evidence, prior_xids=prior, now=now) if prior else evidence
 
 
+#: A window (kernel text plus job output, in characters) at least this large is classified on
+#: the candidate lines ``grep -F`` finds (slurm_ft.classify.prefilter: the same verdict, the
+#: same rows): on 20,000 kernel records (1.4 MB) 12 ms where the pure-Python scan takes 42 ms,
+#: while below ~100 KB starting grep costs more than it saves (benchmarks/epilog_overhead.py).
+GREP_WINDOW_CHARS = 128 << 10
+
+
+def classify_window(evidence, policy):
+    """:func:`slurm_ft.classify.classify` of the epilog's evidence, through grep's candidate lines
+    when the window is large (:data:`GREP_WINDOW_CHARS`; grep missing or failing falls back to
+    the pure-Python scan inside the classifier)."""
+    from .classify import classify
+
+    size = sum(map(len, evidence.kernel_lines)) + len(evidence.kernel_lines) + len(evidence.stderr_tail or "")
+    return classify(evidence, policy, prefilter="grep" if size >= GREP_WINDOW_CHARS else "auto")
+
+
+def job_uid(job: NodeJob) -> int | None:
+    """The job's owner as slurmd gave the epilog: ``SLURM_JOB_UID``, else the passwd uid of
+    ``SLURM_JOB_USER``; None when neither is known.  Always a uid, so one user is never counted
+    as two (a name on one verdict, a uid on another)."""
+    if job.uid is not None:
+        return job.uid
+    if not job.user:
+        return None
+    import pwd
+    try:
+        return pwd.getpwnam(job.user).pw_uid
+    except (KeyError, UnicodeEncodeError, ValueError):
+        return None
+
+
+def with_recurrence(cfg, job: NodeJob, evidence, verdict, policy, log):
+    """``(evidence, verdict)`` after the per-node recurrence rules (slurm_ft.classify.recurrence):
+    when ``verdict``'s rule is a crash kind some rule counts (``segfault``, ``signal-other``...:
+    :func:`slurm_ft.classify.history.needs_crash_history`), this node's verdicts of those kinds
+    within the longest rule window are read from its journal (one bounded query) and the job is
+    classified again with them (``Evidence.prior_crashes``, its own id and owner: :func:`job_uid`).
+    A suspect node gives rule ``node-crash-recurring``, action ``verify``: :func:`verify_untrusted`
+    then runs the trusted checks, which alone may drain; otherwise the job is ``unknown`` and
+    retried elsewhere, unblamed.  Owners are uids from slurmd, never from the job: one user's jobs
+    alone never make a node suspect.  Every other verdict, and a journal that cannot be read
+    (logged), leave both unchanged."""
+    import dataclasses
+
+    from .classify.history import (MAX_PRIOR_VERDICTS, SCAN_VERDICTS, crash_lookback_s, crash_rules,
+                                   needs_crash_history, prior_crashes)
+    from .journal import open_node_journal
+
+    if not needs_crash_history(verdict.rule, policy):
+        return evidence, verdict
+    now = evidence.now if evidence.now is not None else time.time()
+    counted = crash_rules(policy)
+    rules = counted | {f"{p}{r}" for r in counted for p in (VERIFIED, UNVERIFIED)}
+    try:
+        with open_node_journal(cfg, job.node) as journal:
+            rows = journal.recent_rule_verdicts(now - crash_lookback_s(policy), rules, limit=MAX_PRIOR_VERDICTS,
+                                                scan=SCAN_VERDICTS)
+    except SlurmFTError as exc:
+        log(f"earlier crashes on this node unavailable: {exc}")
+        return evidence, verdict
+    prior = prior_crashes([{**r, "user": r.get("uid")} for r in rows], policy, exclude=job.job_id)
+    if not prior:
+        return evidence, verdict
+    uid = job_uid(job)
+    evidence = dataclasses.replace(evidence, prior_crashes=prior, job_id=str(job.job_id), now=now,
+                                   user=None if uid is None else str(uid))
+    again = classify_window(evidence, policy)
+    if again.rule != verdict.rule:
+        log(f"{again.rule}: {again.evidence[0] if again.evidence else ''}")
+    return evidence, again
+
+
 @root_entry("epilog")
 def run(env: dict[str, str] | None = None) -> int:
     """The whole epilog; returns the process exit status (0; an unexpected error goes through
@@ -362,10 +435,11 @@ def run(env: dict[str, str] | None = None) -> int:
         marker = pop_start_marker(cfg.node_state.dir, job)
         job = attempt_that_ran(job, marker)
         since = window_start(cfg, job, marker, log)
-        from .classify import classify, default_policy, from_config
+        from .classify import default_policy, from_config
         policy = from_config(cfg.classify) if cfg.classify else default_policy()
         evidence = with_prior_xids(cfg, job, gather_evidence(cfg, job, since, log), policy, log)
-        verdict = verify_untrusted(cfg, job, classify(evidence, policy), log, evidence=evidence)
+        evidence, verdict = with_recurrence(cfg, job, evidence, classify_window(evidence, policy), policy, log)
+        verdict = verify_untrusted(cfg, job, verdict, log, evidence=evidence)
         verdict = with_unread_outputs(verdict, evidence)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
         from .hang.watcher import epilog_cleanup
@@ -532,6 +606,21 @@ def attempt_that_ran(job: NodeJob, marker: dict | None) -> NodeJob:
     return job
 
 
+class SlurmOnUse:
+    """``Slurm.from_config(cfg)`` (slurm_ft.slurm), made (and its module imported) at the first
+    attribute used: the epilog of a clean job with nothing in its node's outbox never calls Slurm,
+    and pays no import for it (issue 24, docs/architecture.md "Per-job cost")."""
+
+    def __init__(self, cfg):
+        self._cfg, self._slurm = cfg, None
+
+    def __getattr__(self, name: str):
+        if self._slurm is None:
+            from .slurm import Slurm
+            self._slurm = Slurm.from_config(self._cfg)
+        return getattr(self._slurm, name)
+
+
 #: Seconds the epilog waits for a locked node journal before it spools the rows instead.
 JOURNAL_BUSY_S = 1.0
 
@@ -543,13 +632,13 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
     the rows through its spool (``<journal>.spool``) a moment later."""
     from .failover import mailbox
     from .failover.verdict import NodeVerdict
-    from .journal import open_node_journal
-    from .slurm import Slurm
+    from .journal import identity, open_node_journal
+    from .nodejob import node_key
 
     v = NodeVerdict.from_classified(verdict, job_id=job.job_id, attempt=job.attempt, node=job.node,
                                     exit_code=job.exit_code, time=time.time())
     log(f"verdict {v.verdict} ({v.rule})")
-    slurm = Slurm.from_config(cfg)
+    slurm = SlurmOnUse(cfg)     # an ok verdict with an empty outbox never calls Slurm: no import
     if v.action == "drain_node" and cfg.failover.drain:
         # Drain before the epilog ends: the job's resources are freed right after, and the
         # scheduler must not hand the sick GPU to the next job in the meantime.
@@ -559,22 +648,41 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
         except SlurmFTError as exc:
             log(f"drain failed ({exc}); the daemon drains the node from the verdict")
     if v.verdict != "ok":
-        if not mailbox.post_verdict(cfg, slurm, v):
+        if not mailbox.post_verdict(cfg, slurm, v, log=log):
             log("verdict not posted (Slurm refused); kept in this node's outbox for the next prolog/epilog")
     else:
-        mailbox.flush_outbox(cfg, slurm, job.node)
+        mailbox.flush_outbox(cfg, slurm, job.node, log=log)
+    trouble = None
     try:
         with open_node_journal(cfg, job.node, spool=True, busy_timeout_s=JOURNAL_BUSY_S) as journal:
+            if identity.observe_node(journal, *node_key(job, {"time": start}),   # a reused job id here
+                                     array=(job.array_job_id, job.array_task_id)) is not None:
+                log(f"job id {job.job_id} reused on this node: the earlier job's record was retired")
             journal.upsert_attempt(job.job_id, job.attempt, nodes=job.node, start=start, end=v.time,
                                    exit_code=job.exit_code, signal=job.signal)
-            journal.add_node_verdict(v)
-            if journal.spooled:
+            journal.add_node_verdict(v, uid=job_uid(job))
+            if journal.unwritten:     # its storage refuses them (a full disk): the trouble names why
+                trouble = journal.trouble.message() if journal.trouble else "not writable"
+            elif journal.spooled:
                 log(f"node journal busy: {journal.spooled} row(s) spooled")
     except SlurmFTError as exc:
-        # the node action and the mailbox post never depend on the journal (full disk, corrupt)
-        log(f"verdict not journaled ({exc})")
+        trouble = str(exc)      # names the real error (slurm_ft.journal.trouble): disk full, I/O error...
+    if trouble is not None:
+        # the node action and the mailbox post never depend on the journal; the verdict and its
+        # evidence are never dropped silently: the daemon gets the verdict from the mailbox (an ok
+        # one too, posted now), the evidence goes to this node's log
+        log(f"verdict not journaled on this node: {trouble}")
+        log(f"verdict evidence: {' | '.join(v.evidence)[:4000] or 'none'}")
+        if v.verdict == "ok" and not mailbox.post_verdict(cfg, slurm, v):
+            log("verdict not posted (Slurm refused); kept in this node's outbox for the next prolog/epilog")
+
+
+def main() -> None:
+    """The process entry (``python -m slurm_ft.epilog``; the checkout's wrapper calls it after its
+    ``-S`` start): run the epilog and exit (slurm_ft.boundary.exit_process)."""
+    from .boundary import exit_process
+    exit_process(run())
 
 
 if __name__ == "__main__":
-    from .boundary import exit_process
-    exit_process(run())
+    main()

@@ -13,6 +13,7 @@ ASCII JSON, which escapes control characters itself).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pwd
@@ -30,7 +31,7 @@ from . import history_format as fmt
 from .errors import JournalError, SlurmFTError
 from .failover import policy
 from .failover.observe import OBSERVED
-from .journal import open_journal
+from .journal import identity, open_journal
 from .slurm import compress_nodes
 from .textsafe import terminal_safe
 from .timespec import parse_time
@@ -102,7 +103,7 @@ def _job_row(journal, job_id: int, viewer: Viewer | None) -> dict | None:
     if viewer is not None and not viewer.sees_all:
         return job if viewer.may_see(job) else None
     if job is None and journal.verdicts(job_id):
-        job = {"job_id": job_id, "name": None, "user": None, "ft_state": policy.NOT_CONFIGURED,
+        job = {"job_id": job_id, "name": None, "user": None, "account": None, "ft_state": policy.NOT_CONFIGURED,
                "retries": None, "excluded_nodes": None}
     return job
 
@@ -116,7 +117,7 @@ def _fold(names) -> str:
         return ",".join(names)
 
 
-def _not_in_journal(journal, job_ids: list[int], viewer: Viewer | None) -> SlurmFTError:
+def _not_in_journal(journal, job_ids: list, viewer: Viewer | None) -> SlurmFTError:
     hidden = _HIDDEN if viewer is not None and not viewer.sees_all else ""
     what = f"job {job_ids[0]} is" if len(job_ids) == 1 else f"jobs {', '.join(map(str, job_ids))} are"
     return SlurmFTError(f"{what} not in the journal {journal.path} (not ft-enabled, or unknown{hidden})")
@@ -131,10 +132,21 @@ def history(journal, job_id: int, viewer: Viewer | None = None) -> dict:
     job = _job_row(journal, job_id, viewer)
     if job is None:
         raise _not_in_journal(journal, [job_id], viewer)
-    return _chain(journal, job_id, job)
+    return _chain(journal, job_id, job, identity.arrays(journal).get(job_id))
 
 
-def _chain(journal, job_id: int, job: dict) -> dict:
+#: Verdict classes, worst first: an attempt's verdict is its worst node's.
+_WORST = {c: i for i, c in enumerate(("hardware", "hang", "infra", "user", "unknown", "ok"))}
+
+
+def _rank(v: dict) -> int:
+    return _WORST.get(v["verdict"], len(_WORST))
+
+
+def _chain(journal, job_id: int, job: dict, array: tuple[int, int] | None = None,
+           retired: dict | None = None) -> dict:
+    """The history of the record ``job_id`` (a job id, or a retired record's negative key,
+    slurm_ft.journal.identity), with its array ids and, for a retired record, when and why."""
     rows = []
     recorded = {a["attempt"]: a for a in journal.attempts(job_id)}
     # an attempt that never ran (a prolog health check refused the node) has verdicts/actions only
@@ -142,17 +154,17 @@ def _chain(journal, job_id: int, job: dict) -> dict:
         {x["attempt"] for x in journal.actions(job_id)}
     for n in sorted(numbers):
         verdicts = journal.verdicts(job_id, n)
-        refused = any(v["rule"].startswith(policy.HEALTH_RULE) for v in verdicts)
-        a = recorded.get(n) or {"attempt": n, "nodes": None, "start": None, "end": None,
-                                "state": "PROLOG_REFUSED" if refused else "NOT_STARTED",
-                                "exit_code": None, "signal": None}
+        a = recorded.get(n)
+        if a is None:
+            refused = any(v["rule"].startswith(policy.HEALTH_RULE) for v in verdicts)
+            a = {"attempt": n, "nodes": None, "start": None, "end": None,
+                 "state": "PROLOG_REFUSED" if refused else "NOT_STARTED", "exit_code": None, "signal": None}
         actions = [x for x in journal.actions(job_id, n) if x["status"] != "intent"]
-        if a["nodes"] is None and verdicts:
-            a["nodes"] = _fold(v["node"] for v in verdicts)
-        worst = next((v for c in ("hardware", "hang", "infra", "user", "unknown", "ok")
-                      for v in verdicts if v["verdict"] == c), None)
+        nodes = a["nodes"] if a["nodes"] is not None or not verdicts else _fold(v["node"] for v in verdicts)
+        worst = min(verdicts, key=_rank) if verdicts else None     # the first of the worst class
+        worst = worst if worst is not None and _rank(worst) < len(_WORST) else None
         rows.append({
-            "attempt": a["attempt"], "nodes": a["nodes"], "start": a["start"], "end": a["end"],
+            "attempt": a["attempt"], "nodes": nodes, "start": a["start"], "end": a["end"],
             "state": a["state"], "exit_code": a["exit_code"], "signal": a["signal"],
             "verdict": worst["verdict"] if worst else None, "rule": worst["rule"] if worst else None,
             "xids": sorted({f"{x['xid']}@{x.get('bus_id') or '?'}" for v in verdicts for x in v["xids"]}),
@@ -162,7 +174,10 @@ def _chain(journal, job_id: int, job: dict) -> dict:
             "actions": [{k: x[k] for k in ("action", "target", "detail", "status", "created")} for x in actions],
         })
     observed = any(x["status"] == OBSERVED for r in rows for x in r["actions"])
-    return {"job_id": job_id, "name": job["name"], "user": job.get("user"), "ft_state": job["ft_state"],
+    return {"job_id": retired["job_id"] if retired else job_id, "name": job["name"], "user": job.get("user"),
+            "account": job.get("account"), "ft_state": job["ft_state"],
+            "array_job_id": array[0] if array else None, "array_task_id": array[1] if array else None,
+            "retired": {"at": retired["retired"], "reason": retired["reason"]} if retired else None,
             "observed": observed,
             "retries": job["retries"], "failovers": journal.failovers_done(job_id),
             "excluded_nodes": job["excluded_nodes"], "attempts": rows}
@@ -203,11 +218,85 @@ def parse_states(text: str) -> frozenset[str]:
     return frozenset(out)
 
 
+#: Largest job id and array task id ``-j`` takes (Slurm's ids are 32-bit; MaxArraySize <= 4000001).
+MAX_JOB_ID = 2 ** 32 - 1
+MAX_TASK_ID = 4_000_000
+_SPEC = re.compile(r"([0-9]{1,10})(?:_(?:([0-9]{1,10})|\[([^\[\]]*)\]))?")
+_RANGE = re.compile(r"([0-9]{1,10})(?:-([0-9]{1,10}))?")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One ``-j`` item, as sacct takes it: ``50`` (job 50, or every task of array 50), ``50_2``
+    (task 2 of array 50), ``50_[1-3,7]`` (those tasks)."""
+
+    job_id: int
+    #: inclusive task id ranges; None: the whole job or array
+    tasks: tuple[tuple[int, int], ...] | None = None
+
+    def __str__(self) -> str:
+        if self.tasks is None:
+            return str(self.job_id)
+        if len(self.tasks) == 1 and self.tasks[0][0] == self.tasks[0][1]:
+            return f"{self.job_id}_{self.tasks[0][0]}"
+        return f"{self.job_id}_[{','.join(str(a) if a == b else f'{a}-{b}' for a, b in self.tasks)}]"
+
+    def matches(self, job_id: int, array: tuple[int, int] | None) -> bool:
+        """Whether the record of ``job_id`` (its array ids ``array``, or None) is selected."""
+        if self.tasks is None:
+            return job_id == self.job_id or (array is not None and array[0] == self.job_id)
+        return array is not None and array[0] == self.job_id and any(a <= array[1] <= b for a, b in self.tasks)
+
+
+def parse_job_ids(text: str) -> list[JobSpec]:
+    """``-j`` value: comma-separated ``JOBID``, ``JOBID_TASK`` and ``JOBID_[RANGES]`` items, where
+    ``RANGES`` is a comma list of ``N`` and ``N-M`` (commas inside brackets belong to them).
+    Raises ValueError naming the bad item (and nothing else, whatever ``text`` is)."""
+    items, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth not in (0, 1):
+            raise ValueError(f"{text!r}: unbalanced brackets in a job id list")
+        cur.append(ch)
+    if depth:
+        raise ValueError(f"{text!r}: unbalanced brackets in a job id list")
+    items.append("".join(cur))
+    return [_parse_item(item.strip()) for item in items]
+
+
+def _parse_item(item: str) -> JobSpec:
+    m = _SPEC.fullmatch(item)
+    if not m:
+        hint = " (ft-history takes job ids, not steps)" if re.fullmatch(r"\d+[.+].*", item) else ""
+        raise ValueError(f"{item!r} is not a job id (JOBID, JOBID_TASK or JOBID_[N-M,...]){hint}")
+    job_id = int(m.group(1))
+    if not 1 <= job_id <= MAX_JOB_ID:
+        raise ValueError(f"{item!r} is not a job id (1 to {MAX_JOB_ID})")
+    if m.group(2) is None and m.group(3) is None:
+        return JobSpec(job_id)
+    ranges = []
+    for part in ([m.group(2)] if m.group(2) is not None else m.group(3).split(",")):
+        r = _RANGE.fullmatch(part.strip())
+        if not r:
+            raise ValueError(f"{item!r}: {part.strip()!r} is not an array task id or range N-M")
+        a, b = int(r.group(1)), int(r.group(2) if r.group(2) is not None else r.group(1))
+        if a > b or b > MAX_TASK_ID:
+            raise ValueError(f"{item!r}: {part.strip()!r} is not a task range (N-M, N <= M <= {MAX_TASK_ID})")
+        ranges.append((a, b))
+    return JobSpec(job_id, tuple(ranges))
+
+
 @dataclass(frozen=True)
 class Selection:
     """Which jobs ``ft-history`` prints (sacct's meanings, docs/user-guide.md)."""
 
-    job_ids: tuple[int, ...] = ()
+    #: job ids (int) or :class:`JobSpec` (array tasks)
+    job_ids: tuple = ()
     #: user names (a uid is looked up); None: the caller's own jobs, or everyone's for root,
     #: SlurmUser, with ``job_ids`` or ``all_users``
     users: frozenset[str] | None = None
@@ -218,17 +307,376 @@ class Selection:
     #: every attempt stands alone: attempts outside the window or (for Slurm states in
     #: ``states``) in another state are left out
     duplicates: bool = False
+    #: Slurm accounts (``-A``, compared case-insensitively: Slurm keeps them in lower case);
+    #: None: any account
+    accounts: frozenset[str] | None = None
+    #: node names (``-N``, expanded by :func:`parse_nodelist`): only jobs with an attempt, a
+    #: verdict or an action on one of them in the window; None: any node
+    nodes: frozenset[str] | None = None
 
 
-def _spans(journal) -> dict[int, tuple[float | None, float | None]]:
-    """job id -> (first, last) time anything about it was recorded."""
-    sql = ("SELECT job_id, MIN(t0), MAX(t1) FROM ("
-           " SELECT job_id, created AS t0, updated AS t1 FROM jobs"
-           " UNION ALL SELECT job_id, COALESCE(start, updated), COALESCE(end, start, updated) FROM attempts"
-           " UNION ALL SELECT job_id, created, created FROM verdicts"
-           " UNION ALL SELECT job_id, created, COALESCE(finished, created) FROM actions"
-           ") WHERE job_id IS NOT NULL GROUP BY job_id")
-    return {r[0]: (r[1], r[2]) for r in journal.db.execute(sql).fetchall()}
+#: Each table's first and last time of a record (the window test, :func:`_overlaps`); the "last"
+#: expressions are indexed as written (journal migration ``005_time_indexes``).
+_TIMES = (("jobs", "created", "updated"),
+          ("attempts", "COALESCE(start, updated)", 'COALESCE("end", start, updated)'),
+          ("verdicts", "created", "created"),
+          ("actions", "created", "COALESCE(finished, created)"))
+
+
+def _spans(journal, keys) -> dict[int, tuple[float | None, float | None]]:
+    """record key -> (first, last) time anything about it was recorded, for ``keys`` only
+    (one query, the keys passed as one JSON parameter: read-only connections can run it)."""
+    keys = sorted({int(k) for k in keys})
+    if not keys:
+        return {}
+    parts = " UNION ALL ".join(f"SELECT job_id, {t0} AS t0, {t1} AS t1 FROM {table} "
+                               f"WHERE job_id IN (SELECT value FROM json_each(:keys))" for table, t0, t1 in _TIMES)
+    sql = f"SELECT job_id, MIN(t0), MAX(t1) FROM ({parts}) GROUP BY job_id"
+    return {r[0]: (r[1], r[2]) for r in journal.db.conn.execute(sql, {"keys": json.dumps(keys)}).fetchall()}
+
+
+def _candidates(journal, start: float) -> set[int]:
+    """Record keys that may overlap a window starting at ``start``: anything recorded at or after
+    it (index range scans), a job whose ft state is not final (it overlaps any window that
+    reaches now), and a job with no time at all. A superset: :func:`_overlaps` decides. Every
+    part reads one index range (the covering indexes of migration ``007_covering_time_indexes``;
+    "not final" as the ranges between the final states, not a scan of ``jobs_ft_state``)."""
+    finals = sorted(policy.FINAL_STATES)
+    parts = [f"SELECT job_id FROM {table} WHERE {t1} >= ?" for table, _, t1 in _TIMES]
+    parts += ["SELECT job_id FROM jobs WHERE created >= ?", "SELECT job_id FROM jobs WHERE ft_state IS NULL",
+              "SELECT job_id FROM jobs WHERE ft_state < ?", "SELECT job_id FROM jobs WHERE ft_state > ?"]
+    parts += ["SELECT job_id FROM jobs WHERE ft_state > ? AND ft_state < ?"] * (len(finals) - 1)
+    parts += ["SELECT job_id FROM jobs WHERE created IS NULL AND updated IS NULL"]
+    args = [start] * (len(_TIMES) + 1) + [finals[0], finals[-1]] + [x for pair in zip(finals, finals[1:]) for x in pair]
+    keys = set()
+    for (key,) in journal.db.conn.execute(" UNION ALL ".join(parts), args):
+        keys.add(key)
+    keys.discard(None)
+    return keys
+
+
+def _users(sel: Selection, viewer: Viewer | None) -> frozenset[str] | None:
+    """The user names the selection is limited to (``-u``; an ordinary user's own jobs by default,
+    as sacct), None for every user."""
+    if sel.users is None and not sel.job_ids and not sel.all_users and viewer is not None and not viewer.admin:
+        return frozenset({viewer.user})
+    return sel.users
+
+
+def _jobs_of(journal, users: frozenset[str]) -> set[int]:
+    """Record keys of the jobs of ``users`` (names; the journal holds Slurm's user name, or a
+    uid as digits, which :func:`slurm_ft.history_format.user_name` maps: both are asked for)."""
+    forms = set(users)
+    for name in users:
+        try:
+            forms.add(str(pwd.getpwnam(name).pw_uid))
+        except KeyError:
+            pass
+        if name.isdigit():
+            try:
+                forms.add(pwd.getpwuid(int(name)).pw_name)
+            except (KeyError, OverflowError):
+                pass
+    rows = journal.db.conn.execute("SELECT job_id FROM jobs WHERE user IN (SELECT value FROM json_each(?))",
+                                   [json.dumps(sorted(forms))]).fetchall()
+    return {r[0] for r in rows}
+
+
+def _fold_case(account: str) -> str:
+    """An account name as ``-A`` compares it: ASCII letters in lower case (SQLite's NOCASE, the
+    ``jobs_account`` index)."""
+    return account.lower() if account.isascii() else account
+
+
+def _jobs_of_accounts(journal, accounts: frozenset[str]) -> set[int]:
+    """Record keys of the jobs of Slurm ``accounts`` (lower case), by the ``jobs_account`` index."""
+    names = sorted(accounts)
+    sql = " UNION ALL ".join(["SELECT job_id FROM jobs WHERE account = ? COLLATE NOCASE"] * len(names))
+    return {r[0] for r in journal.db.conn.execute(sql, names).fetchall()} if names else set()
+
+
+class _Prefetched:
+    """The journal rows of many records, read in three queries, answering the reads
+    :func:`_chain` makes (``job``, ``attempts``, ``verdicts``, ``actions``, ``failovers_done``)
+    exactly as :class:`slurm_ft.journal.store.Journal` does for a journal with no spooled rows
+    (the only case it is used for). The rows are shared, not copied (:func:`_chain` only reads
+    them). :attr:`spans` is :func:`_spans`' answer for the records, from the same rows."""
+
+    def __init__(self, journal, keys, jobs: dict | None = None):
+        from .journal.store import _json_list
+
+        self.journal = journal
+        arg = {"keys": json.dumps(sorted({int(k) for k in keys}))}
+        where = "WHERE job_id IN (SELECT value FROM json_each(:keys))"
+        self._attempts: dict[int, list[dict]] = {}
+        self._verdicts: dict[int, list[dict]] = {}
+        self._actions: dict[int, list[dict]] = {}
+        self._by_attempt: dict[tuple, list[dict]] = {}      # ("v" | "x", job, attempt) -> rows
+        #: record key -> [first, last] time (the expressions of _TIMES, as _spans reads them)
+        self.spans: dict[int, list] = {k: [j.get("created"), j.get("updated")] for k, j in (jobs or {}).items()}
+        times = {table: (t0, t1) for table, t0, t1 in _TIMES}
+        for table, order, target, kind in (("attempts", "job_id, attempt", self._attempts, None),
+                                           ("verdicts", "job_id, attempt, node", self._verdicts, "v"),
+                                           ("actions", "id", self._actions, "x")):
+            cols, rows = _read(journal.db.conn, f"SELECT *, {times[table][0]}, {times[table][1]} FROM {table} "
+                                                f"{where} ORDER BY {order}", arg)
+            cols = cols[:-2]                 # dict(zip(...)) leaves the two times out
+            decode = table == "verdicts"
+            spans, by_attempt = self.spans, self._by_attempt
+            for row in rows:
+                r = dict(zip(cols, row))
+                key = r["job_id"]
+                if decode:
+                    x, e = r["xids"], r["evidence"]
+                    r["xids"] = [] if x == "[]" else _json_list(x)
+                    r["evidence"] = [] if e == "[]" else _json_list(e)
+                group = target.get(key)
+                if group is None:
+                    target[key] = [r]
+                else:
+                    group.append(r)
+                if kind:
+                    by_attempt.setdefault((kind, key, r["attempt"]), []).append(r)
+                t0, t1 = row[-2], row[-1]
+                span = spans.get(key)
+                if span is None:
+                    spans[key] = [t0, t1]
+                    continue
+                if t0 is not None and (span[0] is None or t0 < span[0]):
+                    span[0] = t0
+                if t1 is not None and (span[1] is None or t1 > span[1]):
+                    span[1] = t1
+
+    def attempts(self, job_id: int) -> list[dict]:
+        return self._attempts.get(job_id, [])
+
+    def verdicts(self, job_id: int, attempt: int | None = None) -> list[dict]:
+        if attempt is None:
+            return self._verdicts.get(job_id, [])
+        return self._by_attempt.get(("v", job_id, attempt), [])
+
+    def actions(self, job_id: int, attempt: int | None = None) -> list[dict]:
+        if attempt is None:
+            return self._actions.get(job_id, [])
+        return self._by_attempt.get(("x", job_id, attempt), [])
+
+    def failovers_done(self, job_id: int) -> int:
+        return sum(1 for a in self._actions.get(job_id, ()) if a["action"] == "failover" and a["status"] == "done")
+
+
+def _read(conn, sql: str, args) -> tuple[list[str], list[tuple]]:
+    """(column names, rows) of ``sql``, text decoded by sqlite3's own C decoder; when a value is
+    not UTF-8 (a row another tool wrote) the query is read again with the journal's own
+    text_factory (U+FFFD for such bytes, slurm_ft.journal.store)."""
+    saved = conn.text_factory
+    conn.text_factory = str
+    try:
+        cur = conn.execute(sql, args)
+        return [d[0] for d in cur.description], cur.fetchall()
+    except sqlite3.OperationalError as exc:
+        if "decode" not in str(exc):
+            raise
+    finally:
+        conn.text_factory = saved
+    cur = conn.execute(sql, args)
+    return [d[0] for d in cur.description], cur.fetchall()
+
+
+# ------------------------------------------------------------------------------ -N: nodes
+#: Most node names ``-N`` takes (and the most a journal's hostlist is expanded to): a bound on
+#: the memory a hostlist such as ``n[1-999999999]`` could take (ClusterShell expands ranges).
+MAX_NODES = 65536
+#: A node name as Slurm allows it (NodeName): no hostlist syntax, no space, no control character.
+_NODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_RANGES = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _size_bound(text: str) -> int:
+    """An upper bound of the names hostlist ``text`` expands to, read without expanding it (a
+    range ``a-b`` counts b - a + 1 whatever its step; brackets of one name multiply)."""
+    total = 0
+    for pattern in re.split(r",(?![^\[]*\])", text):
+        count = 1
+        for group in _RANGES.findall(pattern):
+            n = 0
+            for part in group.split(","):
+                lo, _, rest = (x.strip() for x in part.partition("-"))
+                hi = rest.split("/", 1)[0].strip()
+                if len(lo) > 12 or len(hi) > 12:        # never int() of a thousand digits
+                    return MAX_NODES + 1
+                n += int(hi) - int(lo) + 1 if lo.isdigit() and hi.isdigit() else 1
+            count *= max(n, 1)
+        total += count
+        if total > MAX_NODES:
+            break
+    return total
+
+
+def parse_nodelist(text: str) -> frozenset[str]:
+    """``-N`` value: a Slurm hostlist (``g[001-004],n1``, ClusterShell's syntax without its set
+    operators and groups) -> the node names. Raises ValueError with one line naming the problem
+    (a malformed hostlist, a name Slurm would not take, more than :data:`MAX_NODES` names)."""
+    from .slurm import _nodeset
+
+    text = str(text).strip()
+    if not text:
+        raise ValueError("an empty node list")
+    if _size_bound(text) > MAX_NODES:
+        raise ValueError(f"{text[:80]!r}: more than {MAX_NODES} nodes")
+    try:
+        names = frozenset(_nodeset(text))
+    except Exception as exc:             # noqa: BLE001 - HostlistError, or any ClusterShell complaint
+        msg = str(exc) if isinstance(exc, SlurmFTError) else f"not a Slurm hostlist: {text[:80]!r}"
+        msg = (msg.splitlines() or ["not a Slurm hostlist"])[0]
+        raise ValueError(msg if len(msg) <= 200 else msg[:197] + "...") from None
+    bad = sorted(n for n in names if not _NODE.fullmatch(n))
+    if bad or not names:
+        raise ValueError(f"{(bad[0] if bad else text)[:80]!r} is not a node name")
+    if len(names) > MAX_NODES:
+        raise ValueError(f"{text[:80]!r}: more than {MAX_NODES} nodes")
+    return names
+
+
+class _NodeMatch:
+    """Which of the selected ``names`` a journal hostlist (an attempt's ``nodes``, a drain's
+    ``target``: possibly folded, ``n[1-2]``) names; each distinct text is read once."""
+
+    def __init__(self, names):
+        self.names = frozenset(names)
+        self._seen: dict[str, frozenset[str]] = {}
+
+    def __call__(self, text) -> frozenset[str]:
+        if not text:
+            return frozenset()
+        text = str(text)
+        hit = self._seen.get(text)
+        if hit is None:
+            if "[" not in text:
+                hit = self.names.intersection(p.strip() for p in text.split(","))
+            elif _size_bound(text) > MAX_NODES:
+                hit = self.names & {text}
+            else:
+                try:
+                    from .slurm import _nodeset
+                    hit = self.names.intersection(_nodeset(text))
+                except Exception:     # noqa: BLE001 - not a hostlist: the text as one name
+                    hit = self.names & {text}
+            self._seen[text] = hit = frozenset(hit)
+        return hit
+
+
+def _jobs_on_nodes(journal, names, start: float, end: float) -> set[int]:
+    """Record keys with an attempt, a verdict or an action (its target) on one of ``names`` in the
+    window: attempts and actions by their time indexes, each row's hostlist expanded."""
+    match = _NodeMatch(names)
+    out: set[int] = set()
+    conn = journal.db.conn
+    sql = ('SELECT job_id, nodes FROM attempts WHERE COALESCE("end", start, updated) >= ? '
+           'AND COALESCE(start, updated, 0) <= ? AND nodes IS NOT NULL AND nodes != \'\'')
+    for job_id, nodes in _read(conn, sql, [start, end])[1]:
+        if job_id is not None and match(nodes):
+            out.add(job_id)
+    sql = ("SELECT DISTINCT job_id FROM verdicts WHERE created >= ? AND created <= ? "
+           "AND node IN (SELECT value FROM json_each(?))")
+    out.update(r[0] for r in conn.execute(sql, [start, end, json.dumps(sorted(match.names))]) if r[0] is not None)
+    sql = ("SELECT job_id, target FROM actions WHERE COALESCE(finished, created) >= ? AND created <= ? "
+           "AND target IS NOT NULL AND target != '' AND status != 'intent'")
+    for job_id, target in _read(conn, sql, [start, end])[1]:
+        if job_id and match(target):
+            out.add(job_id)
+    return out
+
+
+#: Node steps of the ``-N`` section: journal action -> step name (``remediate-<kind>``: the kind).
+NODE_STEPS = {"drain": "drain", "report-ack": "ack"}
+#: reconcile kinds (slurm_ft.failover.reconcile) that are node steps: a lifted drain is a resume
+_RECONCILE_STEPS = {"drain-lifted": "resume", "drain-reapplied": "redrain"}
+_JOB_IN_TEXT = re.compile(r"(?i)\b(jobs?(?: ?id)?[ _=:#]*)\d+")
+#: Longest reason a node step shows (the whole detail is in --json).
+MAX_REASON = 160
+
+
+def _step_name(action: str, detail: str | None) -> str | None:
+    if action.startswith("remediate-"):
+        return action[len("remediate-"):] or None
+    if action in NODE_STEPS:
+        return NODE_STEPS[action]
+    if action == "reconcile":
+        from .failover.reconcile import parse_detail
+        return _RECONCILE_STEPS.get(str(parse_detail(detail).get("kind")))
+    return None
+
+
+def _step_reason(action: str, status: str, detail: str | None) -> str:
+    """A short reason from a step's detail: a remediation's JSON ``why`` (failed) or ``reason``/
+    ``why``/``what``; a drain's or an acknowledgement's text; a reconciliation's ``why``."""
+    text = detail or ""
+    if action.startswith("remediate-") or action == "reconcile":
+        try:
+            d = json.loads(text or "{}")
+        except (ValueError, RecursionError):
+            d = None
+        if isinstance(d, dict):
+            keys = ("why", "reason", "what") if status == "failed" or action == "reconcile" else \
+                ("reason", "why", "what")
+            text = next((str(d[k]) for k in keys if d.get(k) not in (None, "")), "")
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 3] + "..."
+
+
+def node_steps(journal, names, start: float, end: float, viewer: Viewer | None = None) -> dict[str, list[dict]]:
+    """``-N``: each of ``names`` that has any -> its drains and repairs in the window, oldest
+    first: ``{"time", "step"`` (reset, reboot, pass, fail, rma, cancel, drain, ack, resume,
+    redrain), ``"status"`` (done, failed, observed, skipped), ``"job_id"`` (the job whose fault
+    caused it; None when none, or when ``viewer`` is no admin and the job is not theirs),
+    ``"reason", "action", "target", "detail"}``. Raises :class:`JournalError`."""
+    try:
+        return _node_steps(journal, names, start, end, viewer)
+    except sqlite3.DatabaseError as exc:
+        raise JournalError(f"{journal.path}: {exc}") from None
+
+
+def _node_steps(journal, names, start, end, viewer) -> dict[str, list[dict]]:
+    match = _NodeMatch(names)
+    sql = ("SELECT id, job_id, action, target, detail, status, created FROM actions "
+           "WHERE COALESCE(finished, created) >= ? AND created <= ? AND target IS NOT NULL AND target != '' "
+           "AND status != 'intent' AND (action IN ('drain', 'report-ack', 'reconcile') OR action LIKE 'remediate-%') "
+           "ORDER BY created, id")
+    cols, rows = _read(journal.db.conn, sql, [start, end])
+    out: dict[str, list[dict]] = {}
+    owners: dict[int, str | None] = {}
+    retired = None
+    for row in rows:
+        r = dict(zip(cols, row))
+        step = _step_name(str(r["action"]), r["detail"])
+        if step is None or r["created"] is None or not start <= r["created"] <= end:
+            continue
+        hit = match(r["target"])
+        if not hit:
+            continue
+        job_id = r["job_id"] if isinstance(r["job_id"], int) else None
+        if job_id is not None and job_id < 0:          # a retired record's key: its job id
+            retired = identity.retired(journal) if retired is None else retired
+            job_id = retired.get(job_id, {}).get("job_id")
+        if job_id is not None and job_id <= 0:
+            job_id = None
+        if job_id is not None and viewer is not None and not viewer.admin:
+            if r["job_id"] not in owners:
+                job = journal.job(r["job_id"])
+                owners[r["job_id"]] = job.get("user") if job else None
+            owner = owners[r["job_id"]]
+            if not owner or (owner != viewer.user and owner != str(viewer.uid) and fmt.user_name(owner) != viewer.user):
+                job_id = None
+        reason = _step_reason(str(r["action"]), str(r["status"]), r["detail"])
+        if job_id is None and viewer is not None and not viewer.admin:   # not theirs: no job id in the text
+            reason = _JOB_IN_TEXT.sub(r"\1-", reason)
+        entry = {"time": r["created"], "step": step, "status": r["status"], "job_id": job_id, "reason": reason,
+                 "action": r["action"], "target": r["target"]}
+        if viewer is None or viewer.admin:
+            entry["detail"] = r["detail"]
+        for node in sorted(hit):
+            out.setdefault(node, []).append(entry)
+    return {n: out[n] for n in sorted(out)}
 
 
 def _overlaps(first, last, active: bool, start: float, end: float) -> bool:
@@ -236,51 +684,99 @@ def _overlaps(first, last, active: bool, start: float, end: float) -> bool:
 
 
 def select(journal, sel: Selection, viewer: Viewer | None = None,
-           now: float | None = None) -> tuple[list[dict], list[int]]:
-    """(histories of the selected jobs in job id order, requested job ids not in the journal or
-    hidden from ``viewer``). Raises :class:`JournalError` if the journal cannot be queried."""
+           now: float | None = None) -> tuple[list[dict], list]:
+    """(histories of the selected jobs in job id order (an array's tasks in task order, an
+    earlier job with the same id first), requested job ids -- an int, or the ``-j`` item's text
+    for an array task item -- not in the journal or hidden from ``viewer``). Raises
+    :class:`JournalError` if the journal cannot be queried."""
     try:
         return _select(journal, sel, viewer, time.time() if now is None else now)
     except sqlite3.DatabaseError as exc:
         raise JournalError(f"{journal.path}: {exc}") from None
 
 
-def _select(journal, sel: Selection, viewer: Viewer | None, now: float) -> tuple[list[dict], list[int]]:
+def _records(journal) -> set[int]:
+    """Every record key on file: job ids and retired records' keys (slurm_ft.journal.identity)."""
+    return {r[0] for r in journal.db.conn.execute("SELECT job_id FROM jobs UNION SELECT job_id FROM verdicts")
+            if r[0] is not None}
+
+
+def _select(journal, sel: Selection, viewer: Viewer | None, now: float) -> tuple[list[dict], list]:
     end = now if sel.end is None else sel.end
-    missing: list[int] = []
+    missing: list = []
+    # -N: the records with an attempt, a verdict or an action on those nodes in the window
+    on_nodes = _jobs_on_nodes(journal, sel.nodes, sel.start, end) if sel.nodes is not None else None
+    arrays, retired = identity.arrays(journal), identity.retired(journal)
     if sel.job_ids:
         jobs = {}
-        for job_id in sorted(set(sel.job_ids)):
-            row = _job_row(journal, job_id, viewer)
-            if row is None:
-                missing.append(job_id)
-            else:
-                jobs[job_id] = row
+        specs = sorted({s if isinstance(s, JobSpec) else JobSpec(int(s)) for s in sel.job_ids},
+                       key=lambda s: (s.job_id, s.tasks or ()))
+        keys = _records(journal) if any(s.tasks is not None or s.job_id in {a for a, _ in arrays.values()}
+                                        or any(r["job_id"] == s.job_id for r in retired.values())
+                                        for s in specs) else set()
+        for spec in specs:
+            hits = {k for k in keys if spec.matches(retired[k]["job_id"] if k in retired else k, arrays.get(k))}
+            if spec.tasks is None:
+                hits.add(spec.job_id)
+            rows = {k: r for k in hits if (r := _job_row(journal, k, viewer)) is not None}
+            if not rows:
+                missing.append(spec.job_id if spec.tasks is None else str(spec))
+            jobs.update(rows)
     else:
         listed = policy.NOT_CONFIGURED in sel.states     # jobs slurm-ft only saw fail: on request
-        jobs = {r["job_id"]: r for r in journal.db.query("SELECT * FROM jobs ORDER BY job_id")
-                if listed or r["ft_state"] != policy.NOT_CONFIGURED}
+        users = _users(sel, viewer)
+        # a user's jobs (index jobs_user), an account's (jobs_account), else the records the window
+        # may hold (index range scans)
+        keys = _jobs_of(journal, users) if users is not None else \
+            _jobs_of_accounts(journal, sel.accounts) if sel.accounts is not None else \
+            set(on_nodes) if on_nodes is not None else _candidates(journal, sel.start)
+        window = {"keys": json.dumps(sorted(keys))}
+        cols, found = _read(journal.db.conn, "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM "
+                                             "json_each(:keys)) ORDER BY job_id", window)
+        jobs = {r["job_id"]: r for r in (dict(zip(cols, row)) for row in found)
+                if (listed or r["ft_state"] != policy.NOT_CONFIGURED) and (r["job_id"] > 0 or r["job_id"] in retired)}
         if listed and (viewer is None or viewer.sees_all):
-            for (job_id,) in journal.db.execute("SELECT DISTINCT job_id FROM verdicts WHERE job_id NOT IN "
-                                                "(SELECT job_id FROM jobs)").fetchall():
+            for (job_id,) in journal.db.conn.execute(
+                    "SELECT DISTINCT job_id FROM verdicts WHERE job_id IN (SELECT value FROM json_each(:keys)) "
+                    "AND job_id NOT IN (SELECT job_id FROM jobs)", window).fetchall():
                 jobs[job_id] = _job_row(journal, job_id, None)
         if viewer is not None:
             jobs = {k: v for k, v in jobs.items() if viewer.may_see(v)}
-    users = sel.users
-    if users is None and not sel.job_ids and not sel.all_users and viewer is not None and not viewer.admin:
-        users = frozenset({viewer.user})
+    users = _users(sel, viewer)
     if users is not None:
         jobs = {k: v for k, v in jobs.items() if v.get("user") and fmt.user_name(v["user"]) in users}
-    spans = _spans(journal)
+    if sel.accounts is not None:
+        jobs = {k: v for k, v in jobs.items() if _fold_case(v.get("account") or "") in sel.accounts}
+    if on_nodes is not None:
+        jobs = {k: v for k, v in jobs.items() if k in on_nodes}
+    spans = None
+    if not sel.job_ids and (users is not None or sel.accounts is not None):
+        # a user's (an account's) jobs of all time: their times first (one query), then read only
+        # those in the window
+        spans = _spans(journal, jobs)
+        jobs = {k: v for k, v in jobs.items()
+                if _overlaps(*spans.get(k, (None, None)), v["ft_state"] not in policy.FINAL_STATES, sel.start, end)}
+    # many records: their rows in three queries, which also give their times (a journal with
+    # spooled rows is read job by job, through the Journal's own reads, which add those rows)
+    if len(jobs) > 1 and not journal.spooled:
+        rows = _Prefetched(journal, jobs, jobs)
+        spans = rows.spans if spans is None else spans
+    else:
+        rows, spans = journal, _spans(journal, jobs) if spans is None else spans
     out = []
     slurm_states = {s for s in sel.states if s.isupper()}
-    for job_id in sorted(jobs):
+    def order(key: int) -> tuple:
+        array, old = arrays.get(key), retired.get(key)
+        base = array[0] if array else (old["job_id"] if old else key)
+        return (base, array[1] if array else -1, old["retired"] if old else float("inf"), key)
+
+    for job_id in sorted(jobs, key=order):
         job = jobs[job_id]
         first, last = spans.get(job_id, (None, None))
         active = job["ft_state"] not in policy.FINAL_STATES
         if not _overlaps(first, last, active, sel.start, end):
             continue
-        h = _chain(journal, job_id, job)
+        h = _chain(rows, job_id, job, arrays.get(job_id), retired.get(job_id))
         if sel.states and h["ft_state"] not in sel.states and not any(a["state"] in sel.states for a in h["attempts"]):
             continue
         if sel.duplicates and h["attempts"]:
@@ -327,6 +823,13 @@ _WOULD = ("drain", "requeue", "release", "hold", "relax", "evacuation", "continu
           "bisect-start")
 
 
+def _reconcile_why(detail: str) -> str:
+    from .failover.reconcile import parse_detail
+
+    d = parse_detail(detail)
+    return str(d.get("why") or d.get("kind") or detail)
+
+
 def _summarise(actions: list[dict]) -> str:
     parts = []
     for x in actions:
@@ -336,6 +839,8 @@ def _summarise(actions: list[dict]) -> str:
                 parts.append(f"observed: would {what}" + (f": {x['detail']}" if x["action"] == "hold" else ""))
             elif x["action"] == "decide":
                 parts.append(f"observed: {x['detail']}")
+            elif x["action"].startswith("remediate-"):
+                parts.append(f"observed: would {x['action']} {x['target']}")
             continue
         if x["action"] == "drain" and x["status"] == "done":
             parts.append(f"drain {x['target']}")
@@ -354,6 +859,11 @@ def _summarise(actions: list[dict]) -> str:
             parts.append(f"restart {x['detail'].split(' ', 2)[1]} in place ({what})")
         elif x["action"] == "inplace-escalate":
             parts.append("in-place budget used up")
+        elif x["action"] == "reconcile":             # slurm_ft.failover.reconcile: Slurm lost a change
+            parts.append(f"reconcile: {_reconcile_why(x['detail'])}" + ("" if x["status"] == "done" else
+                                                                          f" ({x['status']})"))
+        elif x["action"].startswith("remediate-") and x["status"] == "done":   # slurm_ft.remediate
+            parts.append(f"{x['action']} {x['target']}")
         elif x["action"] == "bisect":                # slurm_ft.bisect: the rounds are in --json
             parts.append(f"bisect: {_bisect_summary(x['detail'])}")
         elif x["status"] == "failed":
@@ -368,19 +878,15 @@ def render_table(h: dict) -> str:
 
 # ------------------------------------------------------------------------------------ CLI
 class _JobIds(click.ParamType):
-    name = "JOBID[,JOBID...]"
+    name = "JOBID[_TASK][,...]"
 
     def convert(self, value, param, ctx):
         if isinstance(value, list):
             return value
-        ids = []
-        for item in str(value).split(","):
-            item = item.strip()
-            if not re.fullmatch(r"[0-9]{1,10}", item) or int(item) < 1:
-                hint = " (ft-history takes job ids, not steps)" if re.fullmatch(r"\d+[._+].*", item) else ""
-                self.fail(terminal_safe(f"{item!r} is not a job id{hint}"), param, ctx)
-            ids.append(int(item))
-        return ids
+        try:
+            return parse_job_ids(str(value))
+        except ValueError as exc:
+            self.fail(terminal_safe(str(exc)), param, ctx)
 
 
 class _Users(click.ParamType):
@@ -399,6 +905,42 @@ class _Users(click.ParamType):
             else:
                 self.fail(terminal_safe(f"{item!r} is not a user name or uid"), param, ctx)
         return names
+
+
+class _Accounts(click.ParamType):
+    name = "ACCOUNT[,ACCOUNT...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        names = [item.strip(" ") for item in str(value).split(",")]
+        for item in names:
+            # printable ASCII without spaces and commas (Slurm's account names); never a control character
+            if not re.fullmatch(r"[!-+\--~]{1,64}", item):
+                self.fail(terminal_safe(f"{item!r} is not a Slurm account name"), param, ctx)
+        return [n.lower() for n in names]
+
+
+class _Nodes(click.ParamType):
+    name = "NODES"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, frozenset):
+            return value
+        try:
+            return parse_nodelist(str(value))
+        except ValueError as exc:
+            self.fail(terminal_safe(str(exc)), param, ctx)
+
+
+class _Delimiter(click.ParamType):
+    name = "CHARACTERS"
+
+    def convert(self, value, param, ctx):
+        try:
+            return fmt.check_delimiter(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 class _Time(click.ParamType):
@@ -450,12 +992,20 @@ def _midnight(now: float) -> float:
 
 @click.command(name="ft-history")
 @click.option("-j", "--jobs", "job_ids", type=_JobIds(), multiple=True,
-              help="Job ids, comma-separated; repeatable. Without -j: every ft job in the time window.")
+              help="Job ids, comma-separated; repeatable. As sacct: an array's id selects all its tasks, "
+                   "ID_TASK one task, ID_[1-3,5] several. Without -j: every ft job in the time window.")
 @click.option("-u", "--user", "--uid", "users", type=_Users(), multiple=True,
               help="Only these users' jobs (names or uids, comma-separated; repeatable). Default: your own "
                    "(root and SlurmUser: everyone's). With Slurm PrivateData=jobs you see only your own.")
 @click.option("-a", "--allusers", "all_users", is_flag=True,
               help="Every user's jobs (as far as Slurm PrivateData lets you see them).")
+@click.option("-A", "--accounts", "--account", "accounts", type=_Accounts(), multiple=True,
+              help="Only jobs of these Slurm accounts (comma-separated; repeatable; case-insensitive, as Slurm "
+                   "keeps accounts in lower case). Combines with -u/-a: still only jobs you may see.")
+@click.option("-N", "--nodelist", "nodelist", type=_Nodes(), multiple=True,
+              help="Only jobs with an attempt, a verdict or an action on these nodes in the time window (a Slurm "
+                   "hostlist, g[001-004],n1; repeatable); combines with -u/-a/-A/-s/-j. After the jobs, each "
+                   "node's drains and repair steps (in --json: the \"nodes\" key; not with -p/-P).")
 @click.option("-S", "--starttime", "start", type=_Time(),
               help="Jobs active at or after this time (Slurm time formats: YYYY-MM-DD[THH:MM[:SS]], "
                    "MMDD[YY], now-2days, ...). Default: 00:00 today; with -j: no limit.")
@@ -469,8 +1019,15 @@ def _midnight(now: float) -> float:
                    f"-X -D: {fmt.LIST_FORMAT}.")
 @click.option("-e", "--helpformat", is_flag=True, expose_value=False, is_eager=True, callback=_helpformat,
               help="List the fields -o accepts and exit.")
-@click.option("-p", "--parsable", is_flag=True, help="'|'-separated output, with a '|' at the end of each line.")
-@click.option("-P", "--parsable2", is_flag=True, help="'|'-separated output, no '|' at the end.")
+@click.option("-p", "--parsable", is_flag=True,
+              help="'|'-separated output (see --delimiter), with a '|' at the end of each line.")
+@click.option("-P", "--parsable2", is_flag=True, help="'|'-separated output (see --delimiter), no '|' at the end.")
+@click.option("--delimiter", type=_Delimiter(),
+              help="Field separator of -p/-P output instead of '|' (as sacct: ignored without -p or -P): 1 to 16 "
+                   "ASCII punctuation characters, spaces or tabs. Such a character inside a value is written \\xNN.")
+@click.option("--detail", is_flag=True,
+              help="Each attempt's evidence: under its row, the lines that decided each verdict (NODE VERDICT "
+                   "(RULE): LINE); with -p, -P or -X the Evidence field is added instead (lines joined by \\x0a).")
 @click.option("-n", "--noheader", is_flag=True, help="No column header.")
 @click.option("-X", "--allocations", is_flag=True, help="One row per job: no attempt rows.")
 @click.option("-D", "--duplicates", is_flag=True,
@@ -483,9 +1040,10 @@ def _midnight(now: float) -> float:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="Config file (default: $SLURM_FT_CONFIG, slurm-ft.toml beside $SLURM_CONF, "
                    "/etc/slurm-ft/slurm-ft.toml).")
-def command(job_ids, users, all_users: bool, start: float | None, end: float | None, states, columns,
-            parsable: bool, parsable2: bool, noheader: bool, allocations: bool, duplicates: bool, as_json: bool,
-            journal_path: str | None, config_path: str | None) -> None:
+def command(job_ids, users, all_users: bool, accounts, nodelist, start: float | None, end: float | None, states,
+            columns, parsable: bool, parsable2: bool, delimiter: str | None, detail: bool, noheader: bool,
+            allocations: bool, duplicates: bool, as_json: bool, journal_path: str | None,
+            config_path: str | None) -> None:
     """Show fault-tolerant jobs and their retry chains: under each job one row per attempt (nodes,
     times, Slurm state, verdict, Xids, checkpoint, what slurm-ft did). sacct's options and time
     formats. Reads the journal only."""
@@ -500,23 +1058,44 @@ def command(job_ids, users, all_users: bool, start: float | None, end: float | N
                                f"end time {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(end))}")
     sel = Selection(job_ids=ids, users=frozenset(u for g in users for u in g) if users else None,
                     all_users=all_users, start=start, end=end,
-                    states=frozenset(s for g in states for s in g), duplicates=duplicates)
+                    states=frozenset(s for g in states for s in g), duplicates=duplicates,
+                    accounts=frozenset(a for g in accounts for a in g) if accounts else None,
+                    nodes=frozenset(n for g in nodelist for n in g) if nodelist else None)
+    if sel.nodes is not None and len(sel.nodes) > MAX_NODES:
+        raise click.UsageError(f"-N: more than {MAX_NODES} nodes")
+    steps = None
     try:
         # root with --journal needs no config; anyone else needs [slurm] to ask Slurm's PrivateData
         root_with_path = journal_path and not config_path and os.getuid() == 0
         cfg = None if root_with_path else config_mod.load(config_path)
         path = journal_path or cfg.journal.path
-        with open_journal(path, readonly=True) as journal:
-            viewer = current_viewer(cfg)
-            found, missing = select(journal, sel, viewer=viewer, now=now)
-            error = _not_in_journal(journal, missing, viewer) if missing else None
+        from . import history_client    # an ordinary user who cannot read the journal (a login node): the
+        remote = cfg is not None and history_client.wanted(path, bool(journal_path))  # controller answers
+        if remote:
+            found, error, waiting, steps = history_client.select(cfg, sel)
+            if sel.nodes is not None and steps is None and not (parsable or parsable2):
+                click.echo("ft-history: note: the history service did not send the nodes' drains and repairs "
+                           "(ask an admin, or update slurm-ft)", err=True)
+        else:
+            with open_journal(path, readonly=True) as journal:
+                viewer = current_viewer(cfg)
+                found, missing = select(journal, sel, viewer=viewer, now=now)
+                error = _not_in_journal(journal, missing, viewer) if missing else None
+                if sel.nodes is not None:
+                    steps = node_steps(journal, sel.nodes, sel.start, now if sel.end is None else sel.end, viewer)
+                waiting = journal.waiting_rows
     except SlurmFTError as exc:
         raise click.ClickException(terminal_safe(str(exc))) from None
     poll = cfg.failover.poll_interval_s if cfg is not None else config_mod.FailoverConfig().poll_interval_s
-    daemon_state, age = daemonlock.staleness(path, poll, now)
+    daemon_state, age = ("fresh", 0.0) if remote else daemonlock.staleness(path, poll, now)
     if daemon_state == "stale":
         click.echo(terminal_safe(f"ft-history: warning: the slurm-ft daemon has not run for {age:.0f} s (heartbeat "
                                  f"{daemonlock.heartbeat_path(path)}): the journal may be behind Slurm"), err=True)
+    from .journal import trouble     # a full disk, a read-only remount: rows may wait unwritten (issue 20)
+    if not remote and ((jt := trouble.check_writable(path)) is not None or waiting):
+        why = f"its filesystem is {jt}" if jt else f"{waiting} row(s) wait in its spool"
+        click.echo(terminal_safe(f"ft-history: warning: journal {path}: {why}: the newest decisions may not be "
+                                 f"shown yet (the daemon keeps them and writes them when it can)"), err=True)
     if error is not None and daemon_state != "fresh":
         why = (f"it has not run for {age:.0f} s" if daemon_state == "stale" else "no heartbeat") + \
             f" ({daemonlock.heartbeat_path(path)})"
@@ -524,34 +1103,48 @@ def command(job_ids, users, all_users: bool, start: float | None, end: float | N
                              f"in the journal")
     if as_json:
         # ensure_ascii: control characters (and all non-ASCII) become \uXXXX escapes, valid JSON
-        if len(set(ids)) == 1:          # ft-history -j ID --json: the job's object, as always
+        if sel.nodes is not None:    # -N --json: {"jobs": [...], "nodes": {node: [step, ...]}} (null: not sent)
+            click.echo(json.dumps({"jobs": found, "nodes": steps}, indent=2, ensure_ascii=True))
+        elif len(set(ids)) == 1 and len(found) <= 1:   # ft-history -j ID --json: the job's object, as always
             if found:
                 click.echo(json.dumps(found[0], indent=2, ensure_ascii=True))
         else:
             click.echo(json.dumps(found, indent=2, ensure_ascii=True))
     else:
         text = _render(found, columns, parsable=parsable or parsable2, trailing=parsable, header=not noheader,
-                       allocations=allocations, duplicates=duplicates, now=now)
+                       allocations=allocations, duplicates=duplicates, now=now, delimiter=delimiter or "|",
+                       detail=detail)
         if text:
             click.echo(text)
+        if sel.nodes is not None and steps is not None and not (parsable or parsable2):
+            # after the job table: each node's drains and repairs (machine output stays one table)
+            if text:
+                click.echo("")
+            click.echo(fmt.node_sections(steps, _fold(sel.nodes)))
     if error is not None:
         raise click.ClickException(terminal_safe(str(error)))
 
 
 def _render(found: list[dict], columns, *, parsable: bool, trailing: bool, header: bool, allocations: bool,
-            duplicates: bool, now: float) -> str:
+            duplicates: bool, now: float, delimiter: str = "|", detail: bool = False) -> str:
     if not parsable and not allocations:
-        return "\n\n".join(fmt.chain(h, columns, header=header, now=now) for h in found)
+        return "\n\n".join(fmt.chain(h, columns, header=header, now=now, detail=detail) for h in found)
     job_rows, attempt_rows = (False, True) if allocations and duplicates else (True, not allocations)
     cols = columns or fmt.parse_format(fmt.JOB_FORMAT if allocations and not duplicates and not parsable
                                        else fmt.LIST_FORMAT)
+    if detail and not any(c.field.name == "Evidence" for c in cols):
+        cols = [*cols, fmt.Column(fmt.BY_NAME["evidence"])]
     rows = [r for h in found for r in fmt.rows(h, job_row=job_rows, attempts=attempt_rows, now=now)]
-    lines = fmt.parsable(cols, rows, header=header, trailing=trailing) if parsable else \
+    lines = fmt.parsable(cols, rows, header=header, trailing=trailing, delimiter=delimiter) if parsable else \
         fmt.table(cols, rows, header=header)
     return "\n".join(lines)
 
 
 def main() -> None:
+    # a short-lived reader that builds one large acyclic structure (a 30-day window: ~100,000
+    # rows): the cyclic garbage collector's passes over it cost a third of the run
+    # (benchmarks/history_scale.py), and it frees nothing here
+    gc.disable()
     command(prog_name="ft-history")
 
 

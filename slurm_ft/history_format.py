@@ -13,6 +13,7 @@ printed as ``\\x7c``, so a value can never add a column.
 
 from __future__ import annotations
 
+import functools
 import pwd
 import re
 import time
@@ -72,6 +73,13 @@ def user_uid(user: str | None) -> str:
         return ""
 
 
+def job_label(h: dict) -> str:
+    """The job's id as sacct prints it: ``50_2`` for task 2 of array 50, else ``41``."""
+    if h.get("array_job_id") is not None and h.get("array_task_id") is not None:
+        return f"{h['array_job_id']}_{h['array_task_id']}"
+    return str(h["job_id"])
+
+
 def _attr(key: str) -> Callable[[Row], str]:
     return lambda r: "" if r.a is None or r.a.get(key) is None else str(r.a[key])
 
@@ -115,6 +123,12 @@ def _xids(r: Row) -> str:
     return ",".join(r.a["xids"]) if r.a else ""
 
 
+def _evidence(r: Row) -> str:
+    if r.job_row:
+        return "\n".join(f"attempt {a['attempt']}: {e}" for a in r.h["attempts"] for e in evidence_lines(a))
+    return "\n".join(evidence_lines(r.a)) if r.a else ""
+
+
 def ckpt_cell(c: dict | None) -> str:
     """``saved @120 /ckpt/120``, ``timeout``, ``notified``; "" for none."""
     if not c:
@@ -129,10 +143,12 @@ def ckpt_cell(c: dict | None) -> str:
 
 #: Every field ``-o`` accepts, in ``--helpformat`` order. Names are matched case-insensitively.
 FIELDS: tuple[Field, ...] = (
-    Field("JobID", "Slurm job id", lambda r: str(r.h["job_id"])),
+    Field("JobID", "Slurm job id; an array task as ARRAYJOBID_TASK (sacct's 50_2)", lambda r: job_label(r.h)),
     Field("JobName", "job name", lambda r: r.h.get("name") or ""),
     Field("User", "user name (a uid on record is shown as its name)", lambda r: user_name(r.h.get("user"))),
     Field("UID", "user id (looked up on this host)", lambda r: user_uid(r.h.get("user"))),
+    Field("Account", "Slurm account of the job (as slurmctld recorded it at submit; empty for a job recorded "
+          "before slurm-ft kept it)", lambda r: r.h.get("account") or ""),
     Field("FTState", "slurm-ft state of the job (running, requeued, completed, max-retries-exceeded, ...; "
           "ft-history -s lists them all); observed:STATE when slurm-ft only observed ([failover] mode = "
           "observe: decided, nothing done in Slurm)",
@@ -159,6 +175,12 @@ FIELDS: tuple[Field, ...] = (
           lambda r: ckpt_cell(r.a.get("checkpoint")) if r.a else ""),
     Field("Action", "what slurm-ft did (drain, requeue, release, its decision)",
           lambda r: "" if r.a is None or r.a.get("action") in (None, "-") else r.a["action"]),
+    Field("JobIDRaw", "Slurm's own id of the job (an array task's unique id)", lambda r: str(r.h["job_id"])),
+    Field("Retired", "when an earlier job with the same job id was retired (the id was reused); empty "
+          "for the current job of that id", lambda r: _t(r.h["retired"]["at"]) if r.h.get("retired") else ""),
+    Field("Evidence", "the evidence lines of the attempt's verdicts (ft-history --detail), each as NODE VERDICT "
+          "(RULE): LINE, separated by \\x0a (an escaped newline: one record stays one line); job row: every "
+          "attempt's, each line led by 'attempt N: '", _evidence),
 )
 BY_NAME = {f.name.lower(): f for f in FIELDS}
 
@@ -201,6 +223,12 @@ def parse_format(spec: str) -> list[Column]:
     return cols
 
 
+@functools.lru_cache(maxsize=1)
+def _chain_columns() -> tuple[Column, ...]:
+    """:data:`CHAIN_FORMAT`, parsed once (the chain view prints one table a job)."""
+    return tuple(parse_format(CHAIN_FORMAT))
+
+
 def helpformat() -> str:
     w = max(len(f.name) for f in FIELDS)
     return "\n".join(f"{f.name:<{w}}  {f.help}" for f in FIELDS)
@@ -221,6 +249,24 @@ def _cell(col: Column, row: Row) -> str:
     return terminal_safe(col.field.get(row))
 
 
+def _cells(cols: list[Column], rows_: list[Row]) -> list[list[str]]:
+    """Every row's cells, each terminal-safe (:func:`_cell`). :func:`terminal_safe` maps each
+    character alone, so a row whose cells are all printable ASCII (nearly every row) is checked
+    once as a whole and kept as it is; any other row is escaped cell by cell."""
+    getters = [c.field.get for c in cols]
+    out = []
+    for r in rows_:
+        values = [g(r) for g in getters]
+        try:
+            whole = "".join(values)
+        except TypeError:                    # a field gave something that is not text
+            whole = "\0"
+        if not (whole.isascii() and whole.isprintable()):
+            values = [terminal_safe(v) for v in values]
+        out.append(values)
+    return out
+
+
 def _fit(text: str, col: Column, auto: int, mark: str = "+") -> str:
     if col.width is None:
         return text.ljust(auto)
@@ -232,26 +278,54 @@ def _fit(text: str, col: Column, auto: int, mark: str = "+") -> str:
 
 def table(cols: list[Column], rows_: list[Row], *, header: bool = True, indent: str = "") -> list[str]:
     """sacct's fixed-width layout: header, a line of dashes, one line per row."""
-    cells = [[_cell(c, r) for c in cols] for r in rows_]
+    cells = _cells(cols, rows_)
     names = [c.field.name for c in cols]
     widths = [max([len(names[i])] + [len(line[i]) for line in cells]) for i in range(len(cols))]
     lines = []
     if header:
         lines.append(" ".join(_fit(n, c, w, mark="") for n, c, w in zip(names, cols, widths)))
         lines.append(" ".join("-" * (abs(c.width) if c.width else w) for c, w in zip(cols, widths)))
-    lines += [" ".join(_fit(v, c, w) for v, c, w in zip(line, cols, widths)) for line in cells]
+    if all(c.width is None for c in cols):     # every column as wide as its widest value: one format
+        layout = " ".join(f"{{:<{w}}}" for w in widths)
+        lines += [layout.format(*line) for line in cells]
+    else:
+        lines += [" ".join(_fit(v, c, w) for v, c, w in zip(line, cols, widths)) for line in cells]
     return [indent + line.rstrip() for line in lines]
 
 
-def parsable(cols: list[Column], rows_: list[Row], *, header: bool = True, trailing: bool = False) -> list[str]:
-    """``-p``/``-P``: ``|``-separated, widths ignored (as sacct does); ``|`` in a value is ``\\x7c``."""
-    end = "|" if trailing else ""
+#: ``--delimiter``: what a delimiter may hold (sacct: "ASCII characters"). Letters, digits and
+#: ``\\`` are refused: they are what the escapes of a value's own delimiter characters and
+#: controls (``\\xNN``) are written with, so a value could otherwise forge a delimiter.
+_DELIMITER = re.compile(r"[\t !-/:-@\[\]-`{-~]{1,16}")
+
+
+def check_delimiter(text: str) -> str:
+    """``--delimiter`` value, checked: 1 to 16 characters, each ASCII punctuation, a space or a
+    tab. Raises ValueError (its message terminal-safe) for anything else: a newline, another
+    control character, a letter, a digit, ``\\`` or a non-ASCII character."""
+    if not _DELIMITER.fullmatch(text):
+        raise ValueError(f"{terminal_safe(repr(text))}: a delimiter is 1 to 16 ASCII punctuation characters, "
+                         f"spaces or tabs (no letter, digit or backslash: values escape with them)")
+    return text
+
+
+def parsable(cols: list[Column], rows_: list[Row], *, header: bool = True, trailing: bool = False,
+             delimiter: str = "|") -> list[str]:
+    """``-p``/``-P``: ``delimiter``-separated (default ``|``, checked by :func:`check_delimiter`),
+    widths ignored (as sacct does); a character of ``delimiter`` inside a value is written
+    ``\\xNN`` (``|`` as ``\\x7c``), so a value never adds a column and a record is one line."""
+    end = delimiter if trailing else ""
+    escape = {ord(ch): f"\\x{ord(ch):02x}" for ch in check_delimiter(delimiter)}
+    chars = set(delimiter)
 
     def join(values):
-        return "|".join(v.replace("|", "\\x7c") for v in values) + end
+        whole = "".join(values)
+        if any(ch in whole for ch in chars):     # rare: escape the delimiter's characters
+            values = [v.translate(escape) for v in values]
+        return delimiter.join(values) + end
 
-    lines = [join(c.field.name for c in cols)] if header else []
-    return lines + [join(_cell(c, r) for c in cols) for r in rows_]
+    lines = [join([c.field.name for c in cols])] if header else []
+    return lines + [join(values) for values in _cells(cols, rows_)]
 
 
 def job_heading(h: dict) -> str:
@@ -266,10 +340,103 @@ def job_heading(h: dict) -> str:
         state = f"held: {reason}" if reason else state
     if h.get("observed"):
         state = f"{state} (observed only: [failover] mode = observe, nothing done in Slurm)"
-    return terminal_safe(f"Job {h['job_id']} ({h.get('name') or '-'}): ft state {state}{budget}{who}")
+    old = h.get("retired")
+    earlier = f" [an earlier job with this id, retired {_t(old['at'])}: {old.get('reason') or '-'}]" if old else ""
+    return terminal_safe(f"Job {job_label(h)} ({h.get('name') or '-'}): ft state {state}{budget}{who}{earlier}")
 
 
-def chain(h: dict, cols: list[Column] | None = None, *, header: bool = True, now: float | None = None) -> str:
-    """The retry-chain view of one job: its heading line, then its attempts as a table."""
-    cols = cols or parse_format(CHAIN_FORMAT)
-    return "\n".join([job_heading(h), *table(cols, rows(h, job_row=False, now=now), header=header)])
+def chain(h: dict, cols: list[Column] | None = None, *, header: bool = True, now: float | None = None,
+          detail: bool = False) -> str:
+    """The retry-chain view of one job: its heading line, then its attempts as a table; with
+    ``detail`` (``--detail``) each attempt's row is followed by its verdicts' evidence lines."""
+    cols = cols or _chain_columns()
+    lines = table(cols, rows(h, job_row=False, now=now), header=header)
+    if not detail:
+        return "\n".join([job_heading(h), *lines, *hang_lines(h)])
+    top = 2 if header else 0
+    out = [job_heading(h), *lines[:top]]
+    for line, a in zip(lines[top:], h["attempts"]):
+        out += [line, *(f"    {e}" for e in evidence_lines(a)), *(f"    {e}" for e in stack_lines(a))]
+    return "\n".join(out)
+
+
+def evidence_lines(a: dict) -> list[str]:
+    """The evidence of attempt ``a``'s verdicts, one terminal-safe line each: ``n1 hardware
+    (xid-79): NVRM: Xid (PCI:0000:10:00): 79, ...``; a verdict without evidence gives one line
+    ``n1 ok (exit-0): -``. [] for an attempt without verdicts."""
+    out = []
+    for v in a.get("verdicts") or []:
+        head = f"{v.get('node') or '?'} {v.get('verdict') or '?'} ({v.get('rule') or '?'})"
+        lines = [str(e) for e in v.get("evidence") or []] or ["-"]
+        out += [terminal_safe(f"{head}: {e}") for e in lines]
+    return out
+
+
+def hang_lines(h: dict) -> list[str]:
+    """``  attempt 0: hang on n1: no progress for 62 s (window 60 s); last heartbeat ...``: the
+    hang watcher's evidence of each hung attempt (its mailbox summary, or the node journal's
+    first lines), under the chain view's table; terminal-safe, at most 3 lines a verdict; then
+    the attempt's stack frames, when the watcher's report reached the journal (:func:`stack_lines`)."""
+    out = []
+    for a in h.get("attempts") or []:
+        for v in a.get("verdicts") or []:
+            ev = [str(e) for e in v.get("evidence") or []]
+            if v.get("verdict") == "hang" or (ev and ev[0].startswith("hang on ")):
+                out += [terminal_safe(f"  attempt {a['attempt']}: {e}")[:400] for e in ev[:3]]
+        out += [f"  attempt {a['attempt']}: {line}" for line in stack_lines(a)]
+    return out
+
+
+#: Of an attempt's stack reports (``hang-stack`` rows): nodes shown (the newest report of each),
+#: processes a node, frames a process, characters a frame (the rest: ``ft-history --json``).
+STACK_NODES, STACK_PROCS, STACK_FRAMES, STACK_FRAME_CHARS = 4, 2, 5, 160
+
+
+def stack_lines(a: dict) -> list[str]:
+    """The stack frames the hang watcher sent for attempt ``a`` (its ``hang-stack`` actions, the
+    private channel of slurm_ft.hang.report): ``stack of pid 4242 (python3) on n1, innermost
+    first:`` then ``  <module> (train.py:29)``, one terminal-safe line each, at most
+    :data:`STACK_NODES` nodes x :data:`STACK_PROCS` processes x :data:`STACK_FRAMES` frames.
+    [] for an attempt without one. The row is journal text: read defensively, shown escaped."""
+    from .hang.report import ACTION, read_detail
+
+    newest: dict[str, dict] = {}
+    for x in a.get("actions") or []:
+        if x.get("action") == ACTION and x.get("status") == "done":
+            newest[str(x.get("target") or "?")] = x     # oldest first: the last one wins
+    out = []
+    for node in sorted(newest)[:STACK_NODES]:
+        for pid, comm, frames in read_detail(newest[node].get("detail"))[:STACK_PROCS]:
+            who = terminal_safe(f"pid {pid} ({comm[:32]}) on {node[:64]}")
+            if not frames:
+                out.append(f"stack of {who}: no frame")
+                continue
+            out.append(f"stack of {who}, innermost first:")
+            out += [terminal_safe(f"  {f[:STACK_FRAME_CHARS]}") for f in frames[:STACK_FRAMES]]
+    if len(newest) > STACK_NODES:
+        out.append(f"stacks of {len(newest) - STACK_NODES} more node(s): ft-history --json")
+    return out
+
+
+def node_section(node: str, steps: list[dict]) -> list[str]:
+    """``ft-history -N``: ``Node n1: drains and repairs`` and one line per step, oldest first
+    (time, step, status, the job that caused it or ``-``, a short reason); every line
+    terminal-safe (node names, reasons and statuses are journal text)."""
+    out = [terminal_safe(f"Node {node}: drains and repairs")]
+    rows = [[_t(x.get("time")), str(x.get("step") or "?"), str(x.get("status") or "?"),
+             "-" if x.get("job_id") is None else str(x["job_id"]), str(x.get("reason") or "-")] for x in steps]
+    rows = [[terminal_safe(v) for v in r] for r in rows]
+    names = ["Time", "Step", "Status", "JobID", "Reason"]
+    widths = [max([len(names[i])] + [len(r[i]) for r in rows]) for i in range(5)]
+    layout = "  " + " ".join(f"{{:<{w}}}" for w in widths[:4]) + " {}"
+    out += [layout.format(*names).rstrip(), layout.format(*("-" * w for w in widths)).rstrip()]
+    out += [layout.format(*r).rstrip() for r in rows]
+    return out
+
+
+def node_sections(nodes: dict, asked: str = "") -> str:
+    """Every node's section (:func:`node_section`), a blank line between; ``asked`` (the ``-N``
+    hostlist) names the nodes when none has a step in the window."""
+    if not nodes:
+        return terminal_safe(f"No drains or repairs of {asked or 'these nodes'} in the time window.")
+    return "\n\n".join("\n".join(node_section(n, steps)) for n, steps in nodes.items())

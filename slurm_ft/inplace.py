@@ -44,6 +44,9 @@ PREFIX = "slurm-ft-run:"
 TAIL_BYTES = 64 << 10
 #: Most restarts a wrapper takes (and the daemon journals from one record).
 MAX_RESTARTS = 100
+#: Restart causes one record carries (the newest), and the longest record word (characters).
+MAX_CAUSES = 8
+MAX_WORD = 400
 #: Verdict classes restarted in place.
 RESTART_CLASSES = ("infra", "hang")
 #: Rules that mean Slurm itself ended the step (preemption, requeue): never restarted.
@@ -62,24 +65,32 @@ class Record:
     verdict: str
     rule: str
     time: float
+    #: why each of the last restarts happened (``verdict (rule)``), oldest first, ending with
+    #: restart ``restarts``: a daemon that reads the record late still journals each one's cause
+    causes: tuple[str, ...] = ()
 
     def encode(self) -> str:
-        return (f"{PREFIX}attempt={self.attempt},restarts={self.restarts},of={self.of},state={self.state},"
+        head = (f"{PREFIX}attempt={self.attempt},restarts={self.restarts},of={self.of},state={self.state},"
                 f"verdict={quote(self.verdict, safe='')},rule={quote(self.rule[:80], safe='-_.:')},t={self.time:.1f}")
+        causes = [quote(c[:60], safe="-_.:()") for c in self.causes[-MAX_CAUSES:]]
+        while causes and len(head) + len(",causes=") + len("|".join(causes)) > MAX_WORD:
+            causes.pop(0)        # the word stays within what decode takes: the oldest cause goes first
+        return head + (f",causes={'|'.join(causes)}" if causes else "")
 
     @classmethod
     def decode(cls, word: str) -> "Record | None":
         """One record, or None when malformed or out of range (the comment is the user's)."""
-        if not word.startswith(PREFIX) or len(word) > 400:
+        if not word.startswith(PREFIX) or len(word) > MAX_WORD:
             return None
         f = dict(item.partition("=")[::2] for item in word[len(PREFIX):].split(",") if item)
         try:
+            causes = tuple(unquote(c) for c in f["causes"].split("|")) if f.get("causes") else ()
             r = cls(int(f["attempt"]), int(f["restarts"]), int(f["of"]), f["state"], unquote(f["verdict"]),
-                    unquote(f["rule"]), float(f["t"]))
+                    unquote(f["rule"]), float(f["t"]), causes)
         except (KeyError, ValueError):
             return None
         if (not 0 <= r.restarts <= MAX_RESTARTS or not 0 <= r.of <= MAX_RESTARTS or r.attempt < 0
-                or r.state not in ("restarted", "escalated")):
+                or r.state not in ("restarted", "escalated") or len(causes) > min(r.restarts, MAX_CAUSES)):
             return None
         return r
 
@@ -113,7 +124,11 @@ def record_restarts(journal, job) -> int:
         key = f"{k}/{rec.of}"
         if key in have:
             continue
-        why = f"{rec.verdict} ({rec.rule})" if k == rec.restarts else "(reported late: cause not kept)"
+        known = k - (rec.restarts - len(rec.causes)) - 1     # index of restart k in rec.causes
+        if rec.causes:
+            why = rec.causes[known] if known >= 0 else "(reported late: cause not kept)"
+        else:      # a wrapper that sends no causes: the record's verdict is its last restart's
+            why = f"{rec.verdict} ({rec.rule})" if k == rec.restarts else "(reported late: cause not kept)"
         journal.record(job.job_id, rec.attempt, "inplace-restart", job.nodes,
                        f"restart {key} in place: {why}, reported by the job")
         wrote += 1
@@ -304,6 +319,7 @@ def run(argv: list[str], restarts: int, *, cfg=None, env=None, delay_s: float = 
         from .hang.heartbeat import mark_inplace
         mark_inplace(env)      # a hang watcher on this node then ends only the step's tasks
     done = 0
+    causes: list[str] = []      # why each restart happened, carried in every record
     kernel = {"readable": True}
 
     def kernel_unavailable(why: str) -> None:
@@ -325,9 +341,11 @@ def run(argv: list[str], restarts: int, *, cfg=None, env=None, delay_s: float = 
         how = f"signal {end.signal}" if end.signal else f"exit {end.code}"
         if j.action == "restart" and done < restarts:
             done += 1
+            causes.append(f"{j.verdict} ({j.rule})")
             log(f"step failed ({how}): {j.why}; restart {done}/{restarts} in place")
             if reporter is not None:
-                reporter.report(Record(attempt, done, restarts, "restarted", j.verdict, j.rule, time.time()))
+                reporter.report(Record(attempt, done, restarts, "restarted", j.verdict, j.rule, time.time(),
+                                       tuple(causes)))
             sleep(delay_s)
             continue
         if j.action == "restart":
@@ -338,5 +356,6 @@ def run(argv: list[str], restarts: int, *, cfg=None, env=None, delay_s: float = 
         else:
             log(f"step failed ({how}): {j.why}")
         if reporter is not None and j.action != "stop":
-            reporter.report(Record(attempt, done, restarts, "escalated", j.verdict, j.rule, time.time()))
+            reporter.report(Record(attempt, done, restarts, "escalated", j.verdict, j.rule, time.time(),
+                                   tuple(causes)))
         return end.code or 1

@@ -411,7 +411,8 @@ def next_steps(items: list[Item], outcomes: list[Outcome], components=()) -> lis
     steps = []
     if "wrappers" in comps:
         steps.append(f"slurm.conf: Prolog={assets.LIBEXEC_DIR}/slurm-ft-prolog  "
-                     f"Epilog={assets.LIBEXEC_DIR}/slurm-ft-epilog  PrologFlags=Alloc")
+                     f"Epilog={assets.LIBEXEC_DIR}/slurm-ft-epilog  PrologFlags=Alloc,NoHold (Alloc,Contain "
+                     f"where pam_slurm_adopt needs Contain)")
     if "job_submit" in comps:
         steps.append("slurm.conf: JobSubmitPlugins=lua  (then `scontrol reconfigure`)")
     if "cli_filter" in comps:

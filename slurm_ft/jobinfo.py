@@ -44,6 +44,14 @@ _FIRST = re.compile(r"^JobId=(\d+)((?: [^ ]*?)*?) JobName=(.*)$")
 #: task's ``ArrayJobId=10 ArrayTaskId=2``; a heterogeneous job's ``HetJobId=`` ones are passed over).
 _FIRST_KEYS = ("ArrayJobId", "ArrayTaskId")
 _OWNER = re.compile(r"^(.*)\((\d+)\)$")
+#: Key under which :func:`split_record` keeps the lines that follow a structured field and are
+#: not field lines (``scontrol show job -d``'s per-node detail lines), one per line; never a
+#: Slurm key (it holds a NUL).
+DETAIL = "\0detail"
+#: A ``-d`` detail line, as Slurm prints it (src/api/job_info.c): ``Nodes=n[1-2] CPU_IDs=0-1
+#: Mem=0 GRES=gpu:1(IDX:0)`` after leading spaces.
+_DETAIL_LINE = re.compile(r"^ +Nodes=(\S+) CPU_IDs=\S+ Mem=\d+ GRES=(\S*)$")
+_GPU_IDX = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:\d+\(IDX:([\d,-]+)\)")
 
 
 def _epoch(value: str) -> int:
@@ -131,7 +139,9 @@ def split_record(text: str, job_id: int) -> dict[str, str] | None:
         if key is None:
             if free is not None:
                 fields[free] += "\n" + line
-            continue                     # a stray line after a structured field: nothing is read from it
+            else:                        # a stray line after a structured field: -d's detail lines
+                fields[DETAIL] = fields.get(DETAIL, "") + line + "\n"
+            continue
         if key in FREE_TEXT:
             tokens = [(key, line[3 + len(key) + 1:])]
             free = key
@@ -151,6 +161,26 @@ def split_record(text: str, job_id: int) -> dict[str, str] | None:
         if k in fields and fields[k].endswith(" "):
             fields[k] = fields[k][:-1]
     return fields
+
+
+def gres_gpu_detail(text: str, job_id: int) -> dict[str, str] | None:
+    """``{node expression: GPU index list}`` from ``scontrol show job -d J`` output: the detail
+    lines (``Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0-1)``) of job ``job_id``'s anchored
+    record only (:func:`split_record`), never a line inside a user's free-text value (job name,
+    command, working directory, comment), so no value the user sets can add GPUs to a job.
+    None when the record is missing or refused; ``{}`` when the job holds no GPU."""
+    fields = split_record(text, job_id)
+    if fields is None:
+        return None
+    out: dict[str, str] = {}
+    for line in fields.get(DETAIL, "").split("\n"):
+        m = _DETAIL_LINE.match(line)
+        if m is None:
+            continue
+        gpu = _GPU_IDX.search(m.group(2))
+        if gpu is not None:
+            out[m.group(1)] = gpu.group(1)
+    return out
 
 
 def _field_key(line: str) -> str | None:
@@ -178,6 +208,7 @@ def _record(kv: dict[str, str], job_id: int, name: str) -> dict | None:
             "required_nodes": _null(kv.get("ReqNodeList", "")), "node_count": int(count) if count.isdigit() else 1,
             "comment": kv.get("Comment", ""), "admin_comment": kv.get("AdminComment", ""),
             "requeue": kv.get("Requeue", "0") == "1", "partition": kv.get("Partition", ""),
+            "account": _null(kv.get("Account", "")),
             "dependency": _null(kv.get("Dependency", "")), "features": _null(kv.get("Features", "")),
             "resv_name": _null(kv.get("Reservation", "")),
             "failed_node": _null(kv.get("FailedNode", "")),   # Slurm >= 23.02 prints it

@@ -29,6 +29,10 @@ slurm_ft_daemon_up                       gauge   1 when that heartbeat is fresh
 slurm_ft_nodes_out_of_service            gauge   category: fault, health, admin, slurm (sinfo)
 slurm_ft_time_to_recover_seconds         histo.  fault (attempt end) to the next attempt's start
 slurm_ft_journal_readable                gauge   0 when the journal could not be read
+slurm_ft_journal_ok                      gauge   kind: 1 (kind "ok") while the journal's filesystem
+                                                 takes writes, else 0 with the trouble's kind
+                                                 (disk_full, read_only, io_error)
+slurm_ft_journal_spooled_rows            gauge   rows waiting in the journal's spool
 slurm_ft_slurm_up                        gauge   0 when sinfo failed (node gauges then absent)
 slurm_ft_internal_errors_total           counter hook: unexpected errors (slurm-ft bugs) caught by
                                                  the root hooks' boundary on this host
@@ -117,6 +121,9 @@ def journal_counts(journal) -> dict:
     count = lambda action: db.execute(  # noqa: E731
         "SELECT count(*) FROM actions WHERE action = ? AND status = 'done'", [action]).fetchone()[0]
     out["evacuations"], out["continuations"] = count("evacuation"), count("continue")
+    out["remediations"] = Counter({r["action"][len("remediate-"):]: r["n"] for r in db.query(   # slurm_ft.remediate
+        "SELECT action, count(*) AS n FROM actions WHERE action LIKE 'remediate-%' AND status = 'done' "
+        "GROUP BY action")})
     out["jobs"] = Counter({r["ft_state"] or "unknown": r["n"] for r in db.query(
         "SELECT ft_state, count(*) AS n FROM jobs WHERE ft_enabled = 1 OR ft_enabled IS NULL GROUP BY ft_state")})
     out["max_retries"] = db.execute("SELECT count(*) FROM jobs WHERE ft_state = 'max-retries-exceeded'").fetchone()[0]
@@ -201,6 +208,7 @@ class JournalCollector(Collector):
         readable = GaugeMetricFamily("slurm_ft_journal_readable", "1 when the daemon journal could be read")
         readable.add_metric([], 0 if c is None else 1)
         yield readable
+        yield from self._journal_writable()
         if c is not None:
             yield from self._journal_metrics(c)
         yield from self._daemon_metrics()
@@ -208,6 +216,20 @@ class JournalCollector(Collector):
         yield self._kernel_log_unavailable()
         if self.slurm is not None:
             yield from self._node_metrics(snap["nodes"])
+
+    def _journal_writable(self):
+        """``slurm_ft_journal_ok{kind}``: 1 while the daemon journal's filesystem takes writes
+        (``kind="ok"``), else 0 with the trouble's kind (``disk_full``, ``read_only``...;
+        slurm_ft.journal.trouble); ``slurm_ft_journal_spooled_rows``: rows waiting in its spool.
+        One ``statvfs`` per scrape."""
+        from .journal import trouble
+        t = trouble.check_writable(self.cfg.journal.path)
+        ok = GaugeMetricFamily("slurm_ft_journal_ok", "1 while the daemon journal's filesystem takes writes; "
+                               "0 with the trouble's kind (disk_full, read_only, io_error)", labels=["kind"])
+        ok.add_metric(["ok" if t is None else t.kind], 1 if t is None else 0)
+        yield ok
+        yield GaugeMetricFamily("slurm_ft_journal_spooled_rows", "Rows waiting in the daemon journal's spool",
+                                value=trouble.waiting_rows(self.cfg.journal.path))
 
     def _internal_errors(self):
         from .boundary import read_counts
@@ -236,6 +258,8 @@ class JournalCollector(Collector):
                         c["decisions"])
         yield _labelled(CounterMetricFamily, "slurm_ft_drains", "Drains slurm-ft decided on, by outcome", ["outcome"],
                         c["drains"])
+        yield _labelled(CounterMetricFamily, "slurm_ft_remediations", "Break-fix steps ([remediate]): reset, "
+                        "reboot, pass, fail, rma, cancel", ["step"], c["remediations"])
         yield CounterMetricFamily("slurm_ft_evacuations", "Requeues for evacuations (not faults)",
                                   value=c["evacuations"])
         yield CounterMetricFamily("slurm_ft_continuations", "Requeues at the time limit after an exit checkpoint",

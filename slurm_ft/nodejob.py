@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass
 
@@ -44,7 +43,7 @@ def parse_gpu_list(value: str | None) -> tuple[int, ...] | None:
     if not value:
         return None
     from .errors import HostlistError
-    from .slurm import split_indices  # ClusterShell: only for a job that holds GPUs (issue 24, per-job cost)
+    from .indices import split_indices  # ClusterShell's RangeSet only: not the Slurm client (issue 24, per-job cost)
 
     try:
         return tuple(split_indices(value))
@@ -87,6 +86,11 @@ class NodeJob:
     #: writes for ``%N`` (not the NodeName: measured on the lab, where nodes ``n1``..``n3`` share
     #: host ``vm``, ``%N`` is ``vm``); None: use :attr:`node`.
     host: str | None = None
+    #: ``SLURM_JOB_START_TIME`` (epoch seconds): the attempt's start, which slurmd (23.02+) puts in
+    #: the Prolog/Epilog environment from slurmctld's signed credential, after (over) the job's
+    #: SPANK environment, whose names slurmd prefixes ``SPANK_`` (``valid_spank_job_env``): nothing
+    #: a job sets. 22.05's slurmd does not export it (None; :func:`node_key` uses the prolog's marker).
+    start_time: float | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "NodeJob":
@@ -106,8 +110,27 @@ class NodeJob:
             work_dir=env.get("SLURM_JOB_WORK_DIR") or None,
             job_name=env.get("SLURM_JOB_NAME"), user=env.get("SLURM_JOB_USER") or None,
             array_job_id=_id(env, "SLURM_ARRAY_JOB_ID"), array_task_id=_id(env, "SLURM_ARRAY_TASK_ID"),
-            host=socket.gethostname().split(".", 1)[0] or None,
+            host=os.uname().nodename.split(".", 1)[0] or None,   # gethostname(2); no socket import per job
+            start_time=_start(env),
         )
+
+
+def _start(env: dict) -> float | None:
+    value = _id(env, "SLURM_JOB_START_TIME")
+    return float(value) if value else None
+
+
+def node_key(job: NodeJob, marker: dict | None) -> tuple[int, int, float | None]:
+    """The node-side identity of the attempt that ran here: ``(job id, attempt, start)``, where
+    ``start`` is set only by slurmd or slurm-ft as root, never by the job: ``SLURM_JOB_START_TIME``
+    (slurmd, 23.02+), else the wall time of the prolog's start marker (root-only directory,
+    ``O_NOFOLLOW``; 22.05), else None (unknown: the epilog then cannot tell a reused job id here).
+    slurm_ft.journal.identity.observe_node files a reused id's verdict as a new job with it."""
+    if job.start_time is not None:
+        return job.job_id, job.attempt, job.start_time
+    t = marker.get("time") if isinstance(marker, dict) else None
+    ok = isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
+    return job.job_id, job.attempt, float(t) if ok else None
 
 
 # ----------------------------------------------------------------------------- start marker

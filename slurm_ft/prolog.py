@@ -47,9 +47,14 @@ def run(env: dict[str, str] | None = None, *, detach: bool = False) -> int:
     rc = health_gate(cfg, job, log, env, later)
     if rc == 0:
         start_hang_watch(cfg, job, env, log)
+        flush_mailbox(cfg, job, log, later)
     if later:
         after_exit(later, cfg, log)
     return rc
+
+
+#: ``nice`` increment of the detached child of :func:`after_exit` (lower CPU priority, never starved).
+AFTER_EXIT_NICE = 10
 
 
 def after_exit(work: list, cfg, log) -> None:
@@ -58,7 +63,8 @@ def after_exit(work: list, cfg, log) -> None:
     The child starts a new session (slurmd's kill of the prolog's process group does not reach it)
     and puts its stdin/stdout/stderr on ``/dev/null`` (slurmd reads the prolog's output until
     EOF: a child holding it would keep the job waiting); only then does the parent return (a pipe
-    handshake). Errors in the child go to the node log, syslog and the internal-error counter
+    handshake). The child then lowers its CPU priority (:data:`AFTER_EXIT_NICE`: on a busy node the
+    job's own start goes first). Errors in the child go to the node log, syslog and the internal-error counter
     (slurm_ft.boundary.report); they cannot change the prolog's exit status, which nothing in
     ``work`` may decide. When no child can be made, ``work`` runs here, before returning."""
     import os
@@ -88,6 +94,10 @@ def after_exit(work: list, cfg, log) -> None:
         os.close(null)
         os.write(ready_w, b"1")
         os.close(ready_w)
+        try:    # behind the job's own start on a busy node (srun, slurmstepd): the rows can wait
+            os.nice(AFTER_EXIT_NICE)
+        except OSError:
+            pass
         for fn in work:
             fn()
     except BaseException as exc:  # noqa: BLE001 - the child reports and exits; it never returns into the prolog
@@ -98,6 +108,27 @@ def after_exit(work: list, cfg, log) -> None:
             pass
     finally:
         os._exit(status)
+
+
+def flush_mailbox(cfg, job: NodeJob, log, later: list | None) -> None:
+    """Post what this node's outbox holds and put back verdicts a slurmctld state rollback erased
+    from its mailbox field (slurm_ft.failover.repost), in the detached part (``later``) when there
+    is anything to do. The fast path (nothing ever posted here, or all confirmed: neither file
+    exists) pays two ``lstat`` calls and no import (issue 24)."""
+    import os
+
+    if not any(os.path.lexists(os.path.join(cfg.node_state.dir, f"{kind}-{job.node}.json"))
+               for kind in ("outbox", "posted")):     # mailbox._outbox_path, repost.ledger_path
+        return
+    from .failover import repost
+
+    if not repost.pending(cfg.node_state.dir, job.node):
+        return
+    work = lambda: repost.check_node(cfg, job.node, log)  # noqa: E731
+    if later is None:
+        work()
+    else:
+        later.append(work)
 
 
 def start_hang_watch(cfg, job: NodeJob, env: dict[str, str] | None, log) -> None:
@@ -195,6 +226,12 @@ def health_gate(cfg, job: NodeJob, log, env: dict[str, str] | None = None, later
     return 1
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The process entry (``python -m slurm_ft.prolog``; the checkout's wrapper calls it after its
+    ``-S`` start): run the prolog with detached journaling and exit (slurm_ft.boundary.exit_process)."""
     from .boundary import exit_process
     exit_process(run(detach=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
-from ClusterShell.RangeSet import RangeSet, RangeSetException
 
 from .errors import HostlistError, SlurmCommandError
+from .indices import NOT_HOSTLIST, split_indices  # noqa: F401 - split_indices is public here too
 
 #: Fixed PATH for every child: root code never trusts the caller's PATH.
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -194,6 +194,12 @@ class Slurm:
         """``scontrol show config`` as a dict of its ``Key = Value`` lines (first occurrence wins)."""
         return parse_config(self.run("scontrol", "show", "config").stdout)
 
+    def boot_time(self) -> float | None:
+        """When the answering slurmctld started, epoch seconds: ``BOOT_TIME`` of ``scontrol show
+        config`` (local time, ``2026-12-02T02:43:00``; 22.05 and 24.11), None when it prints none.
+        A new value means slurmctld restarted (slurm_ft.failover.reconcile). One RPC."""
+        return parse_boot_time(self.show_config().get("BOOT_TIME", ""))
+
     def private_data(self) -> set[str]:
         """Slurm's ``PrivateData`` flags, lower case (``{"jobs", "usage"}``; empty for ``none``)."""
         return private_data(self.show_config())
@@ -204,12 +210,16 @@ class Slurm:
 
     def job_gpus(self, job_id: int) -> dict[str, set[int]]:
         """GPU indices the job holds on each node: ``scontrol show job -d`` prints, per node group,
-        ``Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)``. {} when the job holds no GPU or is gone."""
+        ``Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)``. Read from the job's anchored record's
+        detail lines only (slurm_ft.jobinfo.gres_gpu_detail: no user-set value can add a GPU).
+        {} when the job holds no GPU, is gone, or its record is ambiguous (then it owns none)."""
+        from .jobinfo import gres_gpu_detail
+
         out = self.run("scontrol", "show", "job", "-d", str(job_id), check=False).stdout
         held: dict[str, set[int]] = {}
-        for m in re.finditer(r"Nodes=(\S+)\s.*?IDX:([\d,-]+)\)", out):
-            for node in split_nodes(m.group(1)):
-                held.setdefault(node, set()).update(split_indices(m.group(2)))
+        for nodes, idx in (gres_gpu_detail(out, job_id) or {}).items():
+            for node in split_nodes(nodes):
+                held.setdefault(node, set()).update(split_indices(idx))
         return held
 
     # -- actions --------------------------------------------------------------------
@@ -246,7 +256,7 @@ class Slurm:
 
 #: Set operators and separators of ClusterShell's grammar that Slurm's hostlists do not have:
 #: rejected rather than silently applied (``n[1-3]!n2`` is no Slurm hostlist).
-_NOT_HOSTLIST = re.compile(r"[!&^\s]")
+_NOT_HOSTLIST = NOT_HOSTLIST
 _EMPTY = ("", "(null)", "None")
 
 
@@ -292,21 +302,6 @@ def compress_nodes(names) -> str:
     ``["gpu01-ib", "gpu02-ib"]`` -> ``"gpu[01-02]-ib"``; ``[]`` -> ``""``. Duplicates fold away.
     Raises :class:`HostlistError` on a name that is not one (``"n1 n2"``, ``"gpu]"``)."""
     return str(_nodeset(names))
-
-
-def split_indices(expr: str) -> list[int]:
-    """Expand a Slurm index list (GPU ``IDX:0-1,3``, ``SLURM_JOB_GPUS=0,2-3``) with ClusterShell's
-    ``RangeSet``: ``"0-1,3"`` -> ``[0, 1, 3]``; ``""`` -> ``[]``. Raises :class:`HostlistError` on
-    anything else (``"0;rm"``, ``"3-1"``, ``"-1"``)."""
-    if not expr:
-        return []
-    try:
-        out = [] if _NOT_HOSTLIST.search(expr) else list(RangeSet(expr).intiter())
-    except RangeSetException as exc:
-        raise HostlistError(f"not an index list: {expr!r} ({exc})") from None
-    if not out or min(out) < 0:
-        raise HostlistError(f"not an index list: {expr!r}")
-    return out
 
 
 def parse_kv_line(text: str) -> dict[str, str]:
@@ -391,6 +386,15 @@ def parse_gres(text: str | None) -> dict[str, int]:
     return out
 
 
+def parse_boot_time(text: str) -> float | None:
+    """``scontrol show config``'s ``BOOT_TIME`` (``2026-12-02T02:43:00``, local time) as epoch
+    seconds; None for anything else."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
 def private_data(conf: dict[str, str]) -> set[str]:
     """``PrivateData`` of a parsed ``scontrol show config`` as a set of lower-case flags."""
     value = conf.get("PrivateData", "").strip().lower()
@@ -454,11 +458,36 @@ class Job:
         return self.state in ENDED_STATES and not self.completing
 
     @property
+    def array_job_id(self) -> int | None:
+        """``ArrayJobId`` of an array task (the array's id, sacct's ``50`` of ``50_2``); None for
+        a job that is not one (Slurm's 0) or a pending array record of several tasks."""
+        task = self.array_task_id
+        return (_num(self.raw.get("array_job_id")) or None) if task is not None else None
+
+    @property
+    def array_task_id(self) -> int | None:
+        """``ArrayTaskId`` of a single array task (``2`` of ``50_2``); None otherwise (also for a
+        pending array's task range such as ``1-5%2``)."""
+        if not _num(self.raw.get("array_job_id")):
+            return None
+        task = _num(self.raw.get("array_task_id"))
+        if isinstance(task, str):
+            task = int(task) if task.isdigit() else None
+        return task if isinstance(task, int) and not isinstance(task, bool) and task >= 0 else None
+
+    @property
     def failed_nodes(self) -> list[str]:
         """Nodes Slurm itself names failed for this job: ``FailedNode=`` of ``scontrol show job``
         (printed from Slurm 23.02 on, :func:`slurm_ft.jobinfo.parse_show_job` -> ``failed_node``)
         or ``failed_node`` of a 24.11 ``--json`` record; ``[]`` when Slurm names none (22.05)."""
         return split_nodes(_nodes(self.raw.get("failed_node")))
+
+    @property
+    def account(self) -> str:
+        """The job's Slurm account, as slurmctld set it at submit (``account`` of ``squeue
+        --json``, ``Account=`` of ``scontrol show job``); "" when none. Shown only (ft-history)."""
+        value = self.raw.get("account")
+        return value if isinstance(value, str) else ""
 
     @classmethod
     def from_json(cls, j: dict) -> "Job":

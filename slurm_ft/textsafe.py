@@ -32,6 +32,8 @@ def terminal_safe(s: object) -> str:
     ``\\uNNNN``. Printable text (any script) is kept. Idempotent: the result holds no control
     character, is one line, and always encodes as UTF-8."""
     text = s if isinstance(s, str) else str(s)
+    if text.isascii() and text.isprintable():
+        return text                      # nothing to escape (the common case: one C-level pass)
     text = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     text = _SURROGATE.sub(_surrogate, text)
     return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -243,8 +243,24 @@ def _tail(path: bytes, fd: int, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+def _append(path: bytes, pfd: int, pst: os.stat_result, data: bytes) -> None:
+    """Append ``data`` to ``pfd``'s file (``O_PATH``), reopened write-only through
+    ``/proc/self/fd`` (the same inode, checked again), ``O_APPEND|O_NONBLOCK|O_NOCTTY``."""
+    try:
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _Refuse(f"{display(path)}: cannot open for appending: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (pst.st_dev, pst.st_ino) or not stat.S_ISREG(st.st_mode) or st.st_uid != pst.st_uid:
+        raise _Refuse(f"{display(path)}: changed while it was opened; refusing to write it")
+    try:
+        os.write(fd, data)
+    except OSError as exc:
+        raise _Refuse(f"{display(path)}: write failed: {exc.strerror}") from None
+
+
 def _child(sock: socket.socket, what: str, path: bytes, parts: list[bytes], uid: int, gid: int,
-           max_bytes: int, deadline_s: float) -> None:
+           max_bytes: int, deadline_s: float, data: bytes = b"") -> None:
     """The forked child: never returns (``os._exit``). Sends ``D``+data, ``F`` with an ``O_PATH``
     descriptor, or ``E``+reason."""
     code = 0
@@ -257,6 +273,9 @@ def _child(sock: socket.socket, what: str, path: bytes, parts: list[bytes], uid:
             pfd, st = _walk(path, parts, uid)
             if what == "open":
                 socket.send_fds(sock, [b"F"], [pfd])
+            elif what == "append":
+                _append(path, pfd, st, data)
+                sock.sendall(b"D")
             else:
                 data = _tail(path, _reopen(path, pfd, st), max_bytes)
                 sock.sendall(b"D" + data)
@@ -300,7 +319,7 @@ def _reap_old() -> None:
 
 
 def _run(what: str, path: bytes | str, uid: int | None, gid: int | None, max_bytes: int,
-         deadline_s: float) -> tuple[bytes, list[int]]:
+         deadline_s: float, data: bytes = b"") -> tuple[bytes, list[int]]:
     """Fork the child for ``what`` ("tail" or "open"); its answer (data, descriptors)."""
     raw = _as_bytes(path)
     if uid is None:
@@ -319,7 +338,7 @@ def _run(what: str, path: bytes | str, uid: int | None, gid: int | None, max_byt
         raise UserFileError(f"{display(raw)}: cannot fork a reader ({exc.strerror})") from None
     if pid == 0:
         a.close()
-        _child(b, what, raw, parts, uid, gid, max_bytes, deadline_s)
+        _child(b, what, raw, parts, uid, gid, max_bytes, deadline_s, data)
     b.close()
     deadline = time.monotonic() + deadline_s
     limit = max_bytes + _REASON_MAX + 1
@@ -392,3 +411,20 @@ def open_path(path: bytes | str, uid: int | None, gid: int | None,
         os.close(fd)
         raise UserFileError(f"{display(path)}: not a regular file of uid {uid}; refusing it")
     return fd
+
+
+#: The most bytes :func:`append_line` writes.
+MAX_APPEND_BYTES = 4096
+
+
+def append_line(path: bytes | str, uid: int | None, gid: int | None, line: bytes,
+                deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+    """Append ``line`` (at most :data:`MAX_APPEND_BYTES`; a newline is added when missing) to the
+    job's existing file ``path`` as its user, under the rules of :func:`read_tail`: a child that
+    became ``uid``/``gid`` walks the path without following a symlink and writes only to a
+    regular file ``uid`` owns (never creates one). Raises :class:`UserFileError` /
+    :class:`UserFileTimeout`."""
+    data = bytes(line[:MAX_APPEND_BYTES - 1])
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    _run("append", path, uid, gid, 0, deadline_s, data)

@@ -7,9 +7,11 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon_world import INFRA, USER, XID79, World
-from slurm_ft.failover import mailbox
+from slurm_ft.failover import effects, mailbox
 from slurm_ft.journal import open_journal
 
 
@@ -147,8 +149,30 @@ def test_a_refused_requeue_does_not_stop_other_failovers(w):
         w.slurm.end(jid, verdicts={w.job(jid).nodes[0]: XID79}, epilogs=True)
     w.step(n=6)
     assert _requeued(w, b) == 1 and w.job(b).restart == 1
+    w.step(n=60)      # a refusal is retried with the daemon's backoff, REQUEUE_TRIES times in all
     assert w.ft_state(a) == "internal-error"
-    assert sum(1 for c in w.slurm.calls if c.args[:2] == ("requeue", str(a))) <= 3
+    assert sum(1 for c in w.slurm.calls if c.args[:2] == ("requeue", str(a))) == effects.REQUEUE_TRIES
+
+
+def test_a_requeue_refused_while_slurmctld_restarts_is_retried_not_internal_error(w):
+    """Found by test_lab_ctld (kill -9 of slurmctld right after the drain): the daemon's requeue
+    met the restarting slurmctld ("Unexpected message received") and booked the failover
+    ``internal-error``, final: the job was never failed over. A refusal now leaves the failover's
+    intent open; the daemon resumes it after its backoff, and the job is not planned meanwhile."""
+    jid = w.start()
+    w.step()
+    w.slurm.fail(lambda cmd, args: args[:2] == ("requeue", str(jid)), count=2)
+    w.slurm.end(jid, verdicts={w.job(jid).nodes[0]: XID79}, epilogs=True)
+    for _ in range(40):
+        w.step()
+        if w.job(jid).state == "RUNNING" and w.job(jid).restart == 1:
+            break
+    assert w.job(jid).restart == 1 and w.job(jid).state == "RUNNING", w.job(jid)
+    assert w.ft_state(jid) == "running"
+    with w.journal() as j:
+        acts = j.actions(jid)
+        assert [a["status"] for a in acts if a["action"] == "requeue"] == ["failed", "failed", "done"]
+        assert [a["status"] for a in acts if a["action"] == "failover"] == ["done"]
 
 
 def test_an_unfinished_failover_that_cannot_be_resumed_does_not_block_others(w):
@@ -214,6 +238,23 @@ def test_prolog_refusal_keeps_the_jobs_place_in_the_queue(w):
     w.step()
     assert w.job(jid).priority >= before > w.job(later).priority
     assert w.job(jid).state == "RUNNING" and w.job(jid).restart == 1
+
+
+def test_failed_over_job_outranks_jobs_raised_since_the_last_full_scan(w):
+    """Before: the boost was taken above the top priority of the last full scan (up to
+    ``scan_interval_s`` = 60 s old); waiting jobs whose priority an admin raised since then
+    (or that came after a scan that saw an empty queue: top 0) stayed ahead of the failed-over
+    job. Found on the lab right after a slurmctld restart forced a scan of an empty queue."""
+    jid = w.start()
+    w.step()                                            # the start-up full scan
+    waiting = [w.slurm.submit(ft=False) for _ in range(3)]
+    top = max(w.job(x).priority for x in [jid, *waiting])
+    for x in waiting:
+        w.job(x).priority = top + 2000                  # raised after the scan (scontrol update)
+    w.slurm.end(jid, verdicts={w.job(jid).nodes[0]: XID79}, epilogs=True)
+    w.step(n=4)
+    assert w.job(jid).restart == 1
+    assert w.job(jid).priority > max(w.job(x).priority for x in waiting)
 
 
 # ------------------------------------------------------------------ cost
@@ -686,3 +727,55 @@ def test_drain_checkpoint_reports_a_job_that_never_saves_within_its_wait(w, monk
         assert [a["status"] for a in j.actions(jid2, 0) if a["action"] == "evacuate-request"] == ["done"]
         assert [a["action"] for a in j.actions(jid2, 0) if a["action"] in ("evacuate", "ckpt-notify")] == \
             ["evacuate", "ckpt-notify"]
+
+
+# ------------------------------------------------------------------ a suspect node (issue 22)
+def test_a_suspect_node_is_avoided_by_the_retry_but_neither_drained_nor_blamed(w):
+    """Issue 22: a node crashing jobs of several users (``unverified:node-crash-recurring``: the
+    trusted checks passed) gets the job an unblamed retry *elsewhere*: this job's ExcNodeList
+    names the node; the node is not drained; no drain is journaled. (As every unblamed retry, it
+    keeps the job's priority and Slurm's requeue delay.)"""
+    jid = w.start()
+    node = w.job(jid).nodes[0]
+    w.step()
+    suspect = ("unknown", "unverified:node-crash-recurring", ())
+    w.slurm.end(jid, verdicts={node: suspect}, epilogs=True)
+    for _ in range(80):      # an unblamed retry keeps Slurm's requeue delay (machine._restart_at)
+        w.step(dt=2.0)
+        if w.job(jid).state == "RUNNING" and w.job(jid).restart == 1:
+            break
+    job = w.job(jid)
+    assert job.state == "RUNNING" and job.restart == 1 and node not in job.nodes, job
+    assert node in job.excluded and not w.slurm.node_recs[node].drain
+    with w.journal() as j:
+        acts = j.actions(jid)
+        assert not [a for a in acts if a["action"] == "drain"]
+        fo = [a for a in acts if a["action"] == "failover"]
+        assert fo and fo[0]["target"] in ("", None) and node in fo[0]["detail"]
+
+
+def test_a_suspect_node_the_job_cannot_run_without_is_kept(tmp_path, monkeypatch):
+    """The avoidance never holds a job: with one node in the partition, the retry keeps it."""
+    w = World(tmp_path, nodes=1, monkeypatch=monkeypatch)
+    jid = w.start()
+    w.step()
+    w.slurm.end(jid, verdicts={"n1": ("unknown", "unverified:node-crash-recurring", ())}, epilogs=True)
+    for _ in range(80):      # an unblamed retry keeps Slurm's requeue delay (machine._restart_at)
+        w.step(dt=2.0)
+        if w.job(jid).state == "RUNNING" and w.job(jid).restart == 1:
+            break
+    job = w.job(jid)
+    assert job.state == "RUNNING" and job.restart == 1 and job.nodes == ["n1"] and not job.excluded
+
+
+@given(rules=st.lists(st.one_of(st.text(max_size=30), st.sampled_from(
+    ["unverified:node-crash-recurring", "unverified:cuda-ecc", "node-crash-recurring", "unverified:"])), max_size=6),
+    nodes=st.lists(st.sampled_from(["n1", "n2", ""]), max_size=6))
+def test_only_cross_job_suspicion_names_nodes_to_avoid(rules, nodes):
+    """policy.avoided_by: a node is avoided only by its own unverified verdict of a cross-job
+    (recurrence) rule; a job's own hardware-looking output (``unverified:<row>``), any other rule
+    text, or a verdict without a node avoids nothing."""
+    from slurm_ft.failover import policy
+    verdicts = [{"node": n, "verdict": "unknown", "rule": r} for n, r in zip(nodes, rules)]
+    want = {v["node"] for v in verdicts if v["node"] and v["rule"] == "unverified:node-crash-recurring"}
+    assert set(policy.avoided_by(verdicts)) == want

@@ -60,6 +60,11 @@ class DaemonStateMachine(RuleBasedStateMachine):
         self.alive = True
         self.poisoned: set[int] = set()
         self.kills = 0
+        self.reused: dict[int, int] = {}                  # job id -> times a new job took it (id reuse)
+        self.saves: list[tuple[int, dict]] = []          # slurmctld's saved states, newest last (rollback)
+        self.rollbacks = 0
+        self.rolled_hw: list[tuple[int, int]] = []        # hardware faults a rollback purged or erased
+        self.retired_hw: list[tuple[int, int]] = []       # hardware faults (job, attempt) of purged jobs
 
     def teardown(self):
         try:
@@ -122,6 +127,54 @@ class DaemonStateMachine(RuleBasedStateMachine):
             self.hardware[(rec.job_id, rec.attempt)] = rec.node
         self.slurm.post(rec.node, rec)
 
+    def _purgeable(self) -> list[int]:
+        """Ended jobs Slurm may purge, as it does MinJobAge (>= 300 s) after the end: epilogs done,
+        every post in and read by the daemon, its record (if any) final."""
+        from slurm_ft.failover import policy
+
+        j = self.w.daemon.journal
+        posted = {(n.name, rec.job_id, rec.key) for n in self.slurm.node_recs.values()
+                  for rec in mailbox.parse(getattr(n, self.slurm.mailbox_field.lower(), ""), n.name)}
+        out = []
+        for job in self.slurm.jobs_by_id.values():
+            if not job.ended or job.completing or job.job_id in self.poisoned or \
+                    any(r.job_id == job.job_id for r in self.outbox):
+                continue
+            if not all(j.mailbox_seen(node, key) for node, jid, key in posted if jid == job.job_id):
+                continue
+            row = j.job(job.job_id)
+            if row is None or row["ft_state"] in policy.FINAL_STATES:
+                out.append(job.job_id)
+        return sorted(out)
+
+    def _ended(self) -> list[int]:
+        return sorted(j.job_id for j in self.slurm.jobs_by_id.values() if j.ended and j.job_id not in self.poisoned
+                      and not any(r.job_id == j.job_id for r in self.outbox))
+
+    @precondition(lambda self: self.lock is None and self.alive and not self.outbox and not self.rollbacks
+                  and self._ended())
+    @rule(data=st.data(), retries=st.integers(0, 3))
+    def job_id_reused(self, data, retries):
+        """An ended job is purged and a new ft job gets its id (after a state loss, or when the
+        id sequence wraps at MaxJobId): the new job must get its own record and its own
+        decisions, the old record kept apart (slurm_ft.journal.identity), never merged."""
+        jid = data.draw(st.sampled_from(self._ended()))
+        for _ in range(5):              # MinJobAge: time passes before Slurm purges it
+            self.slurm.run_epilogs()
+            self.slurm.clock.advance(20.0)
+            self.slurm.schedule()
+            self._cycle()
+        if jid not in self._purgeable():
+            event("job id reuse: not purgeable yet")
+            return
+        self.slurm.purge(jid)
+        self.retired_hw += [k for k in self.hardware if k[0] == jid]
+        self.hardware = {k: v for k, v in self.hardware.items() if k[0] != jid}
+        self.reused[jid] = self.reused.get(jid, 0) + 1
+        self.slurm.clock.advance(1.0)
+        self.slurm.submit(retries=retries, job_id=jid)
+        self.slurm.schedule()
+
     @rule(dt=st.sampled_from([0.1, 0.5, 0.5, 1.0, 3.0, 30.0, 130.0]))
     def time_passes(self, dt):
         self.slurm.clock.advance(dt)
@@ -167,6 +220,72 @@ class DaemonStateMachine(RuleBasedStateMachine):
     def slurmctld_restarts(self, down_s):
         self.slurm.restart_ctld(down_s)
 
+    # ------------------------------------------------------------------ slurmctld state rollback (issue 20)
+    def _save_state(self):
+        """slurmctld saves its state (StateSaveLocation) as time goes on: the last few are kept
+        for :meth:`slurmctld_loses_state`, tagged with the id reuses so far (a rollback never
+        brings back a job whose id another rule handed out again since)."""
+        self.saves = [*self.saves[-5:], (sum(self.reused.values()), self.slurm.saved_state())]
+
+    def _saves(self) -> list[dict]:
+        reuses = sum(self.reused.values())
+        return [st_ for n, st_ in self.saves if n == reuses]
+
+    @precondition(lambda self: not self.reused and self._saves())   # explored apart from id reuse (H2)
+    @rule(data=st.data(), down_s=st.sampled_from([0.5, 2.0, 10.0]))
+    def slurmctld_loses_state(self, data, down_s):
+        """slurmctld crashes and restarts from a state saved some cycles earlier: requeues, drains,
+        mailbox records and jobs since are lost (FakeSlurm._roll_back). The daemon must redo what
+        Slurm lost once (slurm_ft.failover.reconcile), never twice."""
+        saves = self._saves()
+        state = saves[data.draw(st.integers(0, len(saves) - 1))]
+        self.slurm.restart_ctld(down_s, state=state)
+        self.rollbacks += 1
+        self.saves = []
+        j = self.w.daemon.journal
+        for key, node in list(self.hardware.items()):
+            jid, attempt = key
+            job = self.slurm.jobs_by_id.get(jid)
+            field = getattr(self.slurm.node_recs[node], self.slurm.mailbox_field.lower())
+            kept = any(v["node"] == node for v in j.verdicts(jid, attempt)) or any(
+                r.job_id == jid and r.attempt == attempt for r in mailbox.parse(field, node)) or (
+                job is not None and job.restart == attempt and node in job.verdicts)
+            if job is None or not kept:
+                # purged with its job, or erased from the node's field before the daemon read it
+                # (a node re-posts nothing it sent successfully: not a reconciliation of Slurm's)
+                self.rolled_hw.append(key)
+                del self.hardware[key]
+
+    def _check_rollbacks_reconciled(self, j):
+        """After rollbacks: every node slurm-ft drained is drained in Slurm (nobody resumes nodes
+        here, so no drain is ever taken as lifted); every failover the journal holds is in Slurm's
+        timeline (the job's restart count passed the attempt) or the job is gone and booked final."""
+        from slurm_ft.failover import policy, reconcile
+
+        event(f"slurmctld state rollbacks: {min(self.rollbacks, 3)}")
+        if not self.rollbacks:
+            return
+        kinds = {reconcile.parse_detail(a["detail"]).get("kind") for a in j.actions_named(("reconcile",))}
+        for kind in sorted(k for k in kinds if k):
+            event(f"reconciled: {kind}")
+        facts = reconcile.drain_facts(j.actions_named(("drain", "reconcile")))
+        for node, fact in facts.items():
+            assert fact["kind"] != reconcile.DRAIN_LIFTED, (node, fact)
+            assert self.slurm.node_recs[node].drain, (node, fact)
+        refused = {int(args[1]) for _, args, _ in self.slurm.fault_hits if args[:1] == ("requeue",)}
+        for (jid, attempt) in [*self.hardware, *self.rolled_hw]:
+            if jid in self.poisoned or jid in self.reused or jid in refused:
+                continue
+            row = j.job(jid)
+            if row is None or not row["ft_enabled"]:
+                continue
+            done = [a for a in j.actions(jid, attempt) if a["action"] == "failover" and a["status"] == "done"]
+            job = self.slurm.jobs_by_id.get(jid)
+            if job is None:
+                assert row["ft_state"] in policy.FINAL_STATES, (jid, row["ft_state"])
+            elif done:
+                assert job.restart > attempt, (jid, attempt, job)
+
     @precondition(lambda self: self.lock is None)
     @rule()
     def journal_locked(self):
@@ -209,6 +328,7 @@ class DaemonStateMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the daemon
     def _cycle(self):
+        self._save_state()
         if not self.alive:
             return
         try:
@@ -286,6 +406,8 @@ class DaemonStateMachine(RuleBasedStateMachine):
         event(f"requeues: {min(len(self.slurm.requeue_log), 5)}")
         event(f"daemon killed: {self.kills > 0}")
         with self.w.journal() as j:
+            self._check_reused_ids_never_merged(j)
+            self._check_rollbacks_reconciled(j)
             for (jid, attempt), node in self.hardware.items():
                 if jid in self.poisoned:
                     continue
@@ -309,6 +431,25 @@ class DaemonStateMachine(RuleBasedStateMachine):
                             and not job.completing and not job.held and job.priority:
                         # pending only for want of nodes, never on slurm-ft's account
                         assert job.eligible <= self.slurm.clock() or job.reason == "BeginTime"
+
+
+    def _check_reused_ids_never_merged(self, j):
+        """A reused id's current record holds only the new job's failovers (Slurm's requeues of
+        it), and each hardware fault of a purged job was acted on in a retired record of its id."""
+        from slurm_ft.journal import identity
+
+        event(f"job ids reused: {min(sum(self.reused.values()), 3)}")
+        retired = identity.retired(j)
+        for jid in self.reused:
+            if jid in self.poisoned:
+                continue
+            requeued = sum(n for (k, _), n in self.slurm.requeues.items() if k == jid)
+            assert j.failovers_done(jid) <= requeued, (jid, j.failovers_done(jid), requeued)
+        for jid, attempt in self.retired_hw:
+            keys = [k for k, r in retired.items() if r["job_id"] == jid]
+            acted = [k for k in keys for a in j.actions(k, attempt) if a["action"] in ("failover", "decide")]
+            row = next((j.job(k) for k in keys if j.job(k)), None)
+            assert acted or row is None or not row["ft_enabled"], (jid, attempt, keys)
 
 
 class QuiescentDaemonStateMachine(DaemonStateMachine):

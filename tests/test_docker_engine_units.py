@@ -23,6 +23,7 @@ def test_docker_bus_ids_never_collide_with_native_or_each_other():
         assert not ids & native and not ids & seen
         seen |= ids
     assert D.bus_id("22.05", 1, 0) == "000000D0:10:00.0" and D.bus_id("24.11", 1, 1) == "000000D4:11:00.0"
+    assert D.bus_id("26.05", 1, 0) == "000000D8:10:00.0"
 
 
 def test_docker_inventory_uses_the_docker_bus_ids():
@@ -45,12 +46,30 @@ def test_image_tags_hash_their_inputs():
     assert D.image_tag("22.05") == a      # stable: a second build reuses the image
 
 
-def test_docker_slurm_conf_is_the_same_for_both_versions():
+def test_docker_slurm_conf_is_the_same_for_every_version():
     ip = {"ctl": "172.31.240.10", "n1": "172.31.240.11"}
     old = D.render_slurm_conf("22.05", ip, ["n1"])
     assert "CredType=cred/munge" in old and "CryptoType" not in old
     assert old.replace("sftlab2205", "sftlab2411") == D.render_slurm_conf("24.11", ip, ["n1"])
+    assert old.replace("sftlab2205", "sftlab2605") == D.render_slurm_conf("26.05", ip, ["n1"])
     assert "NodeName=n1 NodeHostname=n1 NodeAddr=172.31.240.11" in old
+
+
+def test_26_05_is_debian_testing_with_python_3_14():
+    assert D.VERSIONS["26.05"][:2] == ("forky", "3.14")
+    assert D.version_or_default("26.05") == "26.05"
+
+
+def test_debootstrap_script_of_a_suite_newer_than_debootstrap_is_sids(tmp_path):
+    """bookworm's debootstrap has no ``forky`` script: debootstrap is given its ``sid`` one (the
+    one every Debian suite's script links to); a suite it knows gets none (its own)."""
+    (tmp_path / "sid").write_text("# sid\n")
+    (tmp_path / "trixie").symlink_to("sid")
+    assert D.debootstrap_script("trixie", tmp_path) == []
+    assert D.debootstrap_script("forky", tmp_path) == [str(tmp_path / "sid")]
+    (tmp_path / "sid").unlink()
+    with pytest.raises(LabError, match="no script for forky"):
+        D.debootstrap_script("forky", tmp_path)
 
 
 class CannedSlurm(Slurm):
@@ -86,7 +105,8 @@ def test_slurm_24_11_nodes_come_from_scontrol_show_nodes_json():
     assert (n.name, n.state, n.drained, n.extra) == ("n1", "IDLE", True, "e")
 
 
-# Shapes measured on the Docker lab (squeue --json / sinfo --json / scontrol show nodes --json).
+# Shapes measured on the Docker lab (squeue --json / sinfo --json / scontrol show nodes --json);
+# 26.05.5 prints the same shapes as 24.11 for every field slurm-ft reads (docs/lab.md).
 def test_slurm_24_11_job_json_shapes():
     j = Job.from_json({"job_id": 7, "job_state": ["COMPLETED"], "restart_cnt": 1, "nodes": "n2",
                        "priority": {"set": True, "infinite": False, "number": 1000},
@@ -131,3 +151,99 @@ def test_exec_frames_out_of_step_or_cut_are_errors(wire, what):
     import io
     with pytest.raises(LabError, match=what):
         D.read_frames(io.BufferedReader(io.BytesIO(wire)))
+
+
+# -- reboots (issue 26): RebootProgram, restart policy, the entry's boot step ------------------------
+def test_docker_slurm_conf_reboots_nodes_and_runs_the_health_check_at_slurmd_start():
+    conf = D.render_slurm_conf("24.11", {"ctl": "172.31.241.10", "n1": "172.31.241.11"}, ["n1"])
+    lines = conf.splitlines()
+    assert f"RebootProgram={D.CONF}/reboot-node" in lines
+    assert f"HealthCheckProgram={D.CONF}/health-check" in lines and "HealthCheckInterval=65535" in lines
+    assert f"SLURM_FT_CONFIG={D.CONF}/slurm-ft.toml" in D.HEALTH_CHECK and "health --act" in D.HEALTH_CHECK
+
+
+def test_node_containers_restart_after_a_power_cut_but_not_after_a_manual_stop():
+    # on-failure: an exit by SIGKILL (137) restarts; docker kill / stop are manual stops (never restarted)
+    assert D.NODE_RESTART_POLICY == {"Name": "on-failure", "MaximumRetryCount": 0}
+
+
+def test_reboot_program_refuses_to_run_outside_a_lab_container_and_cuts_only_pid1s_children():
+    text = D.REBOOT_NODE
+    guard = text.index("docker-init")
+    assert text.index("pkill") > guard and "exit 1" in text[guard:text.index("esac")]
+    assert "pkill -KILL -P 1" in text and "kill -KILL -1" not in text and "setsid" in text
+    assert f">{D.REBOOT_MARKER}" in text and D.REBOOT_MARKER.startswith(D.PRIVATE + "/")
+    assert D.rebooted_sh() in D.ENTRY and 'slurmd $boot -D -N "$role"' in D.ENTRY
+
+
+def _boot(root, role="n1"):
+    """Run the entry's boot step (rebooted_sh) with ``root`` for /lab; returns $boot."""
+    script = f"set -eu\nrole={role}\n{D.rebooted_sh(str(root))}printf %s \"$boot\"\n"
+    proc = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _lab_dir(tmp_path):
+    (tmp_path / "nvml").mkdir()
+    (tmp_path / "log").mkdir()
+    (tmp_path / "nvml" / "n1.json").write_text('{"sick": true}\n')
+    (tmp_path / "nvml" / "n1.at-boot.json").write_text('{"healthy": true}\n')
+    return tmp_path
+
+
+def test_entry_boot_step_without_marker_is_a_plain_start(tmp_path):
+    root = _lab_dir(tmp_path)
+    assert _boot(root) == ""
+    assert (root / "nvml" / "n1.json").read_text() == '{"sick": true}\n'
+    assert not (root / "log" / "reboot.log").exists()
+
+
+def test_entry_boot_step_after_a_reboot_heals_the_gpus_and_starts_slurmd_as_rebooted(tmp_path):
+    root = _lab_dir(tmp_path)
+    (root / "reboot-requested").write_text("x\n")
+    assert _boot(root) == "-b"
+    assert (root / "nvml" / "n1.json").read_text() == '{"healthy": true}\n'
+    assert not (root / "reboot-requested").exists()
+    assert sorted(p.name for p in (root / "nvml").iterdir()) == ["n1.at-boot.json", "n1.json"]
+    assert "lab reboot of n1: container restarted, GPUs healed" in (root / "log" / "reboot.log").read_text()
+    assert _boot(root) == ""          # the marker is gone: the next start is a plain one
+
+
+def test_entry_boot_step_leaves_a_fault_that_survives_reboots(tmp_path):
+    root = _lab_dir(tmp_path)
+    (root / "reboot-requested").write_text("x\n")
+    (root / "nvml" / "n1.survives-reboot").write_text("x\n")
+    assert _boot(root) == "-b"
+    assert (root / "nvml" / "n1.json").read_text() == '{"sick": true}\n'
+    assert "GPUs left faulty (fault survives reboot)" in (root / "log" / "reboot.log").read_text()
+
+
+def test_entry_boot_step_never_fails_without_an_at_boot_inventory(tmp_path):
+    root = _lab_dir(tmp_path)
+    (root / "nvml" / "n1.at-boot.json").unlink()
+    (root / "reboot-requested").write_text("x\n")
+    assert _boot(root) == "-b"          # a failed start would make Docker restart it again and again
+    assert (root / "nvml" / "n1.json").read_text() == '{"sick": true}\n'
+
+
+def test_sticky_fault_marker_is_the_one_the_entry_reads(tmp_path):
+    lab = D.DockerLab("24.11", dir=tmp_path)
+    (tmp_path / "n1" / "nvml").mkdir(parents=True)
+    lab.sticky_fault("n1", True)
+    assert lab.sticky_path("n1") == tmp_path / "n1" / "nvml" / "n1.survives-reboot" and lab.sticky_path("n1").exists()
+    assert "nvml/$role.survives-reboot" in D.rebooted_sh()
+    lab.sticky_fault("n1", False)
+    lab.sticky_fault("n1", False)     # already off: no error
+    assert not lab.sticky_path("n1").exists()
+    assert lab.at_boot_inventory("n1") == tmp_path / "n1" / "nvml" / "n1.at-boot.json"
+
+
+@pytest.mark.parametrize("init, ok", [(b"/sbin/docker-init\0--\0/etc/slurm-lab/entry\0n1\0", True),
+                                      (b"/sbin/init\0splash\0", False), (b"/lib/systemd/systemd\0", False)])
+def test_reboot_program_guard_knows_a_lab_container_by_its_pid_1(tmp_path, init, ok):
+    # only the guard runs here (up to its `esac`), on a stand-in for /proc/1/cmdline
+    (tmp_path / "cmdline").write_bytes(init)
+    guard = D.REBOOT_NODE[:D.REBOOT_NODE.index("esac\n") + 5].replace("/proc/1/cmdline", str(tmp_path / "cmdline"))
+    proc = subprocess.run(["/bin/sh", "-c", guard + "echo passed\n"], capture_output=True, text=True, timeout=10)
+    assert (proc.returncode == 0 and proc.stdout == "passed\n") is ok, (proc.returncode, proc.stdout, proc.stderr)

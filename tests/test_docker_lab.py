@@ -119,10 +119,13 @@ def test_lost_node_fails_over(docker_lab, dslurm, fault):
     sub = lab.submit_training(steps=600, step_time=0.1)
     first = wait_started(slurm, sub)
     wait_for(lambda: ckpt_step(sub.ckpt) >= 5, 60, "checkpoint")
+    booted = lab.boots(first.nodes)
     (lab.kill_node if fault == "kill" else lab.pause_node)(first.nodes)
     t0 = time.monotonic()
     again = wait_started(slurm, sub, 1, timeout_s=120)
     assert again.nodes != first.nodes
+    if fault == "kill":   # a manual stop: the restart policy (which reboots use) does not bring it back
+        assert lab.container(first.nodes).status == "exited" and lab.boots(first.nodes) == booted
     h = _history(lab, sub.job_id, lambda h: len(h["attempts"]) >= 2)
     assert h["attempts"][0]["rule"] == "slurm-node-fail"
     wait_for(lambda: "resuming from step" in sub.out.read_text(), 30, "resume from checkpoint")

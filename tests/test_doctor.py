@@ -348,3 +348,43 @@ def test_an_unreadable_kernel_log_warns_on_a_gpu_node(site, monkeypatch):
     assert "Operation not permitted" in doctor.kernel_log_probe()
     monkeypatch.setattr(sources, "read_kmsg", lambda since, **kw: [])
     assert doctor.kernel_log_probe() is None
+
+
+@pytest.mark.parametrize("flags,status", [
+    ("Alloc,NoHold", "OK"), ("NoHold,Alloc", "OK"), ("Alloc,Contain", "OK"), ("Alloc,X11", "OK"),
+    ("Alloc", "WARN"), ("Contain", "FAIL"), ("", "FAIL")])
+def test_prolog_flags_want_alloc_and_say_what_the_poll_costs(site, flags, status):
+    """Alloc is needed (the prolog runs at allocation); without NoHold srun polls for the prolog's
+    end (issue 24's per-job cost): a WARN with the fix, unless Contain/X11 rule NoHold out."""
+    conf = doctor.lower_keys(parse_config(site["show"]))
+    conf["prologflags"] = flags
+    check = by_name(doctor.run(env_for(site, conf=conf)))["prolog-flags"]
+    assert check.status == status, check.line()
+    if status == "WARN":
+        assert "PrologFlags=Alloc,NoHold" in check.fix and "Contain" in check.fix
+
+
+@pytest.mark.parametrize("version,params,mode,want", [
+    ("22.05.8", "", "act", "no expedited requeue before 25.11"),
+    ("24.11.5", "enable_expedited_requeue", "act", "no expedited requeue before 25.11"),
+    ("26.05.5", "", "act", "expedited requeue is off"),
+    ("26.05.5", "idle_on_node_suspend,enable_expedited_requeue", "act", "expedited requeue is on"),
+    ("26.05.5", "enable_expedited_requeue_not", "observe", "expedited requeue is off"),
+])
+def test_doctor_names_the_slurm_version_and_the_failover_path(site, version, params, mode, want):
+    conf = doctor.lower_keys(parse_config(site["show"]))
+    conf.update(slurm_version=version, slurmctldparameters=params)
+    env = env_for(site, roles=("controller",), conf=conf)
+    if mode == "observe":
+        env.cfg = config_mod.from_dict({"failover": {"mode": "observe"}})
+    check = by_name(doctor.run(env))["failover-path"]
+    assert check.status == "OK" and f"Slurm {version}" in check.detail and want in check.detail
+    assert ("observes only" in check.detail) == (mode == "observe")
+    assert ("requeues with ExcNodeList" in check.detail) == (mode == "act")
+
+
+def test_doctor_failover_path_without_scontrol_says_the_version_is_unknown(site):
+    conf = doctor.lower_keys(parse_config(site["show"]))
+    conf.pop("slurm_version", None)
+    check = by_name(doctor.run(env_for(site, roles=("controller",), conf=conf)))["failover-path"]
+    assert check.status == "OK" and "unknown" in check.detail

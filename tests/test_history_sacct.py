@@ -79,7 +79,7 @@ def test_job_lists_are_comma_separated_and_repeatable(db):
 
 @pytest.mark.parametrize("bad, why", [("5.0", "not steps"), ("5,x", "'x' is not a job id"), ("0", "not a job id"),
                                       ("5,,6", "'' is not a job id"), ("-3", "not a job id"),
-                                      ("5_1", "not steps")])
+                                      ("5_[2-1]", "not a task range")])
 def test_bad_job_ids_are_usage_errors(db, bad, why):
     r = run(db, f"--jobs={bad}")
     assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output

@@ -80,8 +80,9 @@ def test_gpu_list_env_uses_the_same_parser():
 
 
 def test_job_gpus_from_scontrol_detail(monkeypatch):
-    out = ("JobId=7 JobName=t\n   Nodes=gpu[01-02]-ib CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)\n"
-           "   Nodes=n3 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:1,3)\n")
+    out = ("JobId=7 JobName=t\n   UserId=u(1000) GroupId=u(1000) MCS_label=N/A\n   JobState=RUNNING Reason=None\n"
+           "   JOB_GRES=gpu:4\n     Nodes=gpu[01-02]-ib CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)\n"
+           "     Nodes=n3 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:1,3)\n   MinCPUsNode=1\n")
     slurm = Slurm()
     monkeypatch.setattr(slurm, "run", lambda *a, **k: type("P", (), {"stdout": out})())
     assert slurm.job_gpus(7) == {"gpu01-ib": {0, 1}, "gpu02-ib": {0, 1}, "n3": {1, 3}}

@@ -244,7 +244,7 @@ def test_checkout_wrapper_says_loudly_without_a_venv(tmp_path, kind):
     if Path("/opt/slurm-ft/venv/bin/python").exists():
         pytest.skip("/opt/slurm-ft/venv exists here")
     r = subprocess.run([str(copy)], capture_output=True, text=True, timeout=30, env={})
-    assert r.returncode == 0 and "/opt/slurm-ft/venv/bin/python -I -m" in r.stderr   # default: pass, loudly
+    assert r.returncode == 0 and "/opt/slurm-ft/venv/bin/python -I -S" in r.stderr   # default: pass, loudly
     conf = tmp_path / "slurm-ft.toml"
     conf.write_text('[node_state]\non_internal_error = "drain"\n')
     r = subprocess.run([str(copy)], capture_output=True, text=True, timeout=30, env={"SLURM_FT_CONFIG": str(conf)})

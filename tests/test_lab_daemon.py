@@ -85,7 +85,9 @@ def test_failed_over_job_runs_before_waiting_jobs(lab, slurm, ft_history):
     inject_xid(first.nodes, 79, job_gpu_index(slurm, sub.job_id))
     ft_history(sub.job_id, lambda h: h["ft_state"] == "requeued")
     pending = slurm.job(sub.job_id)
-    assert pending.state == "PENDING" and pending.admin_comment.startswith("slurm-ft:requeued ft:retries=")
+    # "slurm-ft:requeued <what happened, for the owner> ft:retries=..." (slurm_ft/failover/options.py)
+    assert pending.state == "PENDING" and pending.admin_comment.startswith("slurm-ft:requeued ")
+    assert " ft:retries=" in pending.admin_comment
     assert pending.priority > max(slurm.job(w.job_id).priority for w in waiting)
     victim = next(f for f in fillers if slurm.job(f.job_id).nodes != first.nodes)
     slurm.run("scancel", str(victim.job_id))

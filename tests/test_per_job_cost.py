@@ -194,7 +194,10 @@ def test_detaching_never_changes_the_gate_nor_the_rows(inventory, job_gpus):
             else:
                 env["SLURM_JOB_GPUS"] = job_gpus
             rc = prolog.run(env, detach=detach)
-            rows = _wait_for(lambda: sorted((r["check_name"], r["status"]) for r in _health_rows(root, 42)))
+            # the detached child writes row by row: wait for as many rows as the inline run wrote
+            want = len(outcomes[0][1]) if outcomes else 1
+            rows = _wait_for(lambda: (got := sorted((r["check_name"], r["status"]) for r in _health_rows(root, 42)))
+                             and len(got) >= want and got)
             outcomes.append((rc, rows))
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1], "every run journals its health results"

@@ -12,7 +12,7 @@ See docs/classifier.md.
 """
 
 from .engine import classify
-from .model import ACTIONS, CLASSES, Evidence, PriorXid, Verdict, XidEvent
+from .model import ACTIONS, CLASSES, Evidence, PriorCrash, PriorXid, Verdict, XidEvent
 from .parse import normalise_bus_id
 from .policy import Policy, default_policy, from_config
 
@@ -21,6 +21,7 @@ __all__ = [
     "CLASSES",
     "Evidence",
     "Policy",
+    "PriorCrash",
     "PriorXid",
     "Verdict",
     "XidEvent",

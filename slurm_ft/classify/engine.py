@@ -3,7 +3,8 @@
 1. Scan: kernel text and job output are scanned as bytes.  For each literal key of the policy's
    signature rows, ``bytes.find`` on the lower-cased text locates candidate lines; only those
    lines run the rows' regexes.  Large inputs (>= 8 MiB) let ``grep -F`` pick the lines holding
-   any key first (:mod:`.prefilter`); the same scan then runs on those lines only: same verdict.
+   one of their source's keys first, several greps at once (:mod:`.candidates`,
+   :mod:`.prefilter`); the same scan then runs on those lines only: same verdict.
 2. Kernel records: a record is evidence for hardware only when it BEGINS with a kernel-owned
    header (:func:`.parse.kernel_header`, ``data/kernel_headers.toml``); the rest of a record is
    text.  Xids are parsed the same way (:func:`.parse.parse_xid`).  An Xid or GPU record counts
@@ -29,6 +30,7 @@ from .parse import find_bus_id, fmt, kernel_header, mask_user_fields, parse_time
 from . import prefilter as prefilter_mod
 from .consequence import judged_as
 from .policy import Policy, default_policy
+from .recurrence import recurring
 
 #: Bytes of context kept either side of a key hit when a line is longer (huge lines stay cheap).
 HALF_WINDOW = 2048
@@ -99,6 +101,32 @@ def _to_bytes(lines: object) -> bytes:
         return "\n".join(lines).encode("utf-8", "surrogateescape")  # type: ignore[arg-type]
     except (TypeError, UnicodeEncodeError):
         return b"\n".join(_text(x) for x in lines)  # type: ignore[union-attr]
+
+
+#: Pieces a large kernel text is cut into (at line ends) for grep: one process per piece, all
+#: at once with the output's (:class:`.candidates.GrepRun`).
+KERNEL_PIECES = 2
+
+
+def _candidates(kernel: bytes, output: bytes, policy: Policy) -> tuple[list[int], list[int]] | None:
+    """``(kernel line starts, output line starts)`` grep found (:mod:`.candidates`), or None when
+    grep could not answer: the caller then uses the Python scan.  The kernel text is searched in
+    :data:`KERNEL_PIECES` pieces cut at line ends (memoryviews: nothing is copied here)."""
+    from .candidates import GrepRun  # local: small inputs (the epilog's) never need threads
+
+    run = GrepRun(policy)
+    run.add("output", output)
+    view = memoryview(kernel)
+    base = 0
+    for n in range(KERNEL_PIECES - 1, 0, -1):
+        cut = kernel.find(b"\n", base + (len(kernel) - base) // (n + 1))
+        if cut == -1:
+            break
+        run.add("kernel", view[base:cut], base)
+        base = cut + 1
+    run.add("kernel", view[base:], base)
+    found = run.result()
+    return None if found is None else (found["kernel"], found["output"])
 
 
 def _line_at(text: bytes, pos: int) -> tuple[int, int, bytes]:
@@ -197,14 +225,6 @@ def scan_lines(text: bytes, starts: list[int], index: dict[bytes, tuple], base: 
     return [(row, base + where[pos], line) for row, pos, line in scan(sub, sub.lower(), index)]
 
 
-def _split_starts(starts: list[int], kernel_len: int, out_base: int) -> tuple[list[int], list[int]]:
-    """grep's line starts over ``kernel + b"\n" + output`` -> (kernel starts, output starts)."""
-    from bisect import bisect_left
-
-    cut = bisect_left(starts, out_base)
-    return [s for s in starts[:cut] if s < kernel_len], [s - out_base for s in starts[cut:]]
-
-
 def _decode(line: bytes, limit: int = MAX_EVIDENCE_CHARS) -> str:
     return line.decode("utf-8", "replace").strip()[:limit]
 
@@ -279,12 +299,25 @@ def _bounded_xids(events: list[XidEvent]) -> tuple[XidEvent, ...]:
     return tuple(events[i] for i in sorted(keep))
 
 
-def _grep_keys(policy: Policy) -> list[bytes]:
-    """Every literal key the kernel/output scans look for, plus ``xid`` for the Xid parser."""
-    keys = {b"xid"}
-    for source in ("kernel", "output"):
-        keys.update(policy.index.get(source, {}))
-    return sorted(keys)
+def _across_jobs(policy: Policy, evidence: Evidence, verdict: str, rule: str,
+                 action: str) -> tuple[str, str, str, bytes]:
+    """The decided ``(verdict, rule, action)`` after the rules that look beyond the current
+    evidence, with a note line for the verdict's evidence (b"" when nothing changed):
+
+    * a recurrence rule (:mod:`.recurrence`): the same kind of crash from several jobs of several
+      users on this node makes the node suspect (``hardware``/``verify``: the trusted checks decide);
+    * ``[classify] unexplained_exit = "unknown"``: a non-zero exit that only the exit status
+      explains (rule ``exit-nonzero``) is ``unknown``/``exit-unexplained`` (nothing points at the
+      user's code; the site's ``retry_unknown`` decides whether it is retried)."""
+    for rec in policy.recurrences:
+        counted = recurring(rec, rule, evidence)
+        if counted is not None:
+            note = b"%s: %d jobs of %d users on this node ended by %s within %ds" % (
+                rec.id.encode(), counted[0], counted[1], rule.encode(), int(rec.window_s))
+            return rec.cls, rec.id, rec.action, note
+    if rule == "exit-nonzero" and policy.unexplained_exit == "unknown":
+        return "unknown", "exit-unexplained", "none", b"exit-unexplained: a non-zero exit and no other evidence"
+    return verdict, rule, action, b""
 
 
 def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str = "auto") -> Verdict:
@@ -306,17 +339,19 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
 
     starts = None
     if prefilter == "grep" or (prefilter == "auto" and len(kernel) + len(output) >= prefilter_mod.GREP_MIN_BYTES):
-        starts = prefilter_mod.grep_line_starts((kernel, b"\n", output), _grep_keys(policy))
+        starts = _candidates(kernel, output, policy)
     if starts is None:
-        kernel_low = kernel.lower()
+        kernel_low, output_low = kernel.lower(), output.lower()
         xid_lines = _xid_lines(kernel, kernel_low, join=not strict) if kernel else []
         sig_hits = [scan(kernel, kernel_low, policy.index.get("kernel", {})),
-                    scan(output, output.lower(), policy.index.get("output", {}), out_base)]
+                    scan(output, output_low, policy.index.get("output", {}), out_base)]
+        output_xid_lines = _xid_lines(output, output_low, join=True) if b"xid" in output_low else []
     else:
-        k_starts, o_starts = _split_starts(starts, len(kernel), out_base)
+        k_starts, o_starts = starts
         xid_lines = _xid_lines_at(kernel, k_starts, join=not strict)
         sig_hits = [scan_lines(kernel, k_starts, policy.index.get("kernel", {})),
                     scan_lines(output, o_starts, policy.index.get("output", {}), out_base)]
+        output_xid_lines = _xid_lines_at(output, o_starts, join=True)
 
     job_ids = evidence.job_bus_ids
     node_ids = evidence.node_bus_ids
@@ -412,7 +447,7 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
 
     # -- Xids the job's output names (a health agent's log it tails, a pasted dmesg) ----------------
     # Untrusted text: a hardware Xid there can only ask for the trusted checks (action "verify").
-    for pos, line in _xid_lines(output, output.lower(), join=True) if b"xid" in output.lower() else ():
+    for pos, line in output_xid_lines:
         for at in _header_starts(line):
             hit = parse_xid(line[at:])
             if hit is None or hit.kind != "xid" or hit.bus_id is None or not output_attributed(hit.bus_id):
@@ -497,6 +532,11 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
         action = win.action if (win.trusted or win.action not in NODE_ACTIONS) else "verify"
     else:
         verdict, rule, action = "unknown", "no-evidence", "none"
+    if not clean and win is not None:
+        verdict, rule, action, note = _across_jobs(policy, evidence, verdict, rule, action)
+        if note:
+            cands.append(_Cand(win.priority, tail + 2, verdict, action, rule, note, False))
+            win = cands[-1]
 
     lines: list[str] = []
     seen: set[str] = set()

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import EvidenceError
-from .model import PriorXid
+from .model import PriorCrash, PriorXid
 from .parse import message_body, normalise_bus_id, parse_xid, record_body
 from .policy import Policy
 
@@ -63,6 +63,7 @@ def prior_xids(rows: Iterable[dict[str, Any]], *, exclude: tuple[int, int] | Non
     -> :class:`PriorXid` tuples, GPU Xids with a bus id only, at most ``limit``.  ``exclude``
     ``(job_id, attempt)`` skips the current job's own earlier record (an epilog run twice)."""
     out: list[PriorXid] = []
+    pids: dict[str, int | None] = {}     # a line many verdicts recorded (one window) is parsed once
     for row in rows:
         if exclude is not None and (row.get("job_id"), row.get("attempt")) == exclude:
             continue
@@ -78,8 +79,58 @@ def prior_xids(rows: Iterable[dict[str, Any]], *, exclude: tuple[int, int] | Non
                 bus = normalise_bus_id(str(x["bus_id"]))
             except (KeyError, TypeError, ValueError, EvidenceError):
                 continue
-            hit = parse_xid(message_body(str(x.get("line") or "").encode("utf-8", "replace")))  # its pid
-            out.append(PriorXid(when, xid, bus, hit.pid if hit is not None else None))
+            line = str(x.get("line") or "")
+            if line not in pids:
+                hit = parse_xid(message_body(line.encode("utf-8", "replace")))  # its pid
+                pids[line] = hit.pid if hit is not None else None
+            out.append(PriorXid(when, xid, bus, pids[line]))
             if len(out) >= limit:
                 return tuple(out)
+    return tuple(out)
+
+
+def crash_rules(policy: Policy) -> frozenset[str]:
+    """Rule ids some recurrence rule counts (:mod:`.recurrence`)."""
+    out: set[str] = set()
+    for rule in policy.recurrences:
+        out |= rule.rules
+    return frozenset(out)
+
+
+def crash_lookback_s(policy: Policy) -> float:
+    """How far back earlier job ends can matter: the longest recurrence window (0 without rules)."""
+    return max((rule.window_s for rule in policy.recurrences), default=0.0)
+
+
+def needs_crash_history(rule: str, policy: Policy) -> bool:
+    """Whether a verdict decided by ``rule`` (without earlier jobs) could change with this node's
+    earlier job ends: only then does the epilog read them from its journal (one bounded query)."""
+    return rule in crash_rules(policy)
+
+
+def prior_crashes(rows: Iterable[dict[str, Any]], policy: Policy, *, exclude: int | str | None = None,
+                  limit: int = MAX_PRIOR_VERDICTS) -> tuple[PriorCrash, ...]:
+    """Journal verdict rows (``{job_id, created, rule, user}``; ``user`` may be missing) ->
+    :class:`PriorCrash` tuples for the rules some recurrence rule counts, at most ``limit``.
+    ``exclude``: the current job's id (its own earlier rows, an epilog run twice or another
+    attempt, never count as another job).  A ``verified:``/``unverified:`` prefix (a verdict the
+    trusted checks settled) is read as the rule it settled.  Rows that cannot be read are skipped."""
+    counted = crash_rules(policy)
+    out: list[PriorCrash] = []
+    if not counted:
+        return ()
+    for row in rows:
+        try:
+            rule = str(row["rule"])
+            job = str(row["job_id"])
+            when = float(row["created"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        rule = rule.split(":", 1)[1] if rule.startswith(("verified:", "unverified:")) else rule
+        if rule not in counted or (exclude is not None and job == str(exclude)):
+            continue
+        user = row.get("user")
+        out.append(PriorCrash(when, rule, job, str(user) if user not in (None, "") else None))
+        if len(out) >= limit:
+            break
     return tuple(out)

@@ -71,6 +71,19 @@ class PriorXid(NamedTuple):
     pid: int | None = None
 
 
+class PriorCrash(NamedTuple):
+    """A job that ended on this node before the current one, by the rule that decided its verdict
+    (from the node journal), for recurrence rules across jobs (:mod:`.recurrence`).
+    time: epoch seconds (when its verdict was recorded).  rule: its deciding rule id
+    (``segfault``...).  job_id: its Slurm job id.  user: its owner's user name or uid (None when
+    unknown: such an event never counts toward distinct users)."""
+
+    time: float
+    rule: str
+    job_id: str
+    user: str | None = None
+
+
 @dataclass(frozen=True)
 class Evidence:
     """Everything known about one job's end on one node; every field is optional.
@@ -117,6 +130,15 @@ class Evidence:
     #: stderr_tail then lacks it for want of a source. The epilog adds them to the verdict's
     #: evidence (slurm_ft.epilog.with_unread_outputs).
     output_unread: tuple[str, ...] = ()
+    #: This node's earlier job ends (:class:`PriorCrash`, or plain ``(time, rule, job_id, user)``
+    #: tuples) for recurrence rules (:mod:`.recurrence`): the epilog fills them from the node
+    #: journal (:func:`slurm_ft.classify.history.prior_crashes`) only when the current verdict's
+    #: rule is one a recurrence rule counts (:func:`slurm_ft.classify.history.needs_crash_history`).
+    prior_crashes: tuple[PriorCrash | tuple, ...] = ()
+    #: The current job's id and owner (user name or uid), for recurrence rules: the current job
+    #: counts as one job and one user.  None: unknown.
+    job_id: str | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True)

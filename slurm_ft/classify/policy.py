@@ -37,6 +37,7 @@ from typing import Any
 from ..errors import ConfigError
 from .consequence import ConsequenceRule
 from .model import ACTIONS, CLASSES, DEFAULT_ACTION
+from .recurrence import RecurrenceRule, recurrence_rules
 from .table import _data_text, CountRule, Signature, XidRow, count_rules, signature_from_dict, signatures, xid_catalog
 
 #: Rank given to an overridden Xid when the admin names none, and to codes missing from the catalog.
@@ -45,7 +46,9 @@ UNLISTED_XID_RANK = 100
 
 _XID_KEYS = {"class", "action", "rank", "count", "window_s"}
 _SIG_KEYS = {"class", "action", "priority"}
-_TOP_KEYS = {"disable", "xid", "signature", "add"}
+_TOP_KEYS = {"disable", "xid", "signature", "add", "unexplained_exit"}
+#: What a non-zero exit that no row explains becomes (``[classify] unexplained_exit``).
+UNEXPLAINED_EXIT = ("user", "unknown")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,13 @@ class Policy:
     signatures: tuple[Signature, ...]
     counts: tuple[CountRule, ...]
     consequences: tuple[ConsequenceRule, ...] = ()
+    recurrences: tuple[RecurrenceRule, ...] = ()
+    #: ``user`` (the shipped default, the product document: a failure without a hardware signal
+    #: is not failed over) or ``unknown``: a job that exited non-zero with nothing in its evidence
+    #: but the exit status (rule ``exit-nonzero``) gets verdict ``unknown``, rule
+    #: ``exit-unexplained``: nothing points at the user's code, so a site that sets ``[failover]
+    #: retry_unknown`` retries it elsewhere, unblamed, within ``unblamed_retries``.
+    unexplained_exit: str = "user"
     index: dict[str, dict[bytes, tuple[Signature, ...]]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,7 +137,7 @@ def default_policy() -> Policy:
     """The shipped policy: the Xid catalog's default classes, every signature row, default count
     and consequence rules."""
     return Policy(xids=dict(xid_catalog()), signatures=signatures(), counts=count_rules(),
-                  consequences=consequence_rules())
+                  consequences=consequence_rules(), recurrences=recurrence_rules())
 
 
 def _cls_action(where: str, spec: dict[str, Any], default_cls: str, default_action: str) -> tuple[str, str]:
@@ -228,12 +238,17 @@ def from_config(table: dict[str, Any]) -> Policy:
     disable = table.get("disable", [])
     if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
         raise ConfigError("classify.disable: a list of signature or consequence rule ids")
-    consequence_ids = {c.id for c in base.consequences}
+    consequence_ids = {c.id for c in base.consequences} | {r.id for r in base.recurrences}
     for sid in disable:
         if sid not in known_ids and sid not in consequence_ids:
-            raise ConfigError(f"classify.disable: no signature row or consequence rule {sid!r}")
+            raise ConfigError(f"classify.disable: no signature row or consequence rule (or recurrence rule) {sid!r}")
     sigs = [s for s in sigs if s.id not in set(disable)]
     consequences = tuple(c for c in base.consequences if c.id not in set(disable))
+    recurrences = tuple(r for r in base.recurrences if r.id not in set(disable))
+
+    unexplained = table.get("unexplained_exit", base.unexplained_exit)
+    if unexplained not in UNEXPLAINED_EXIT:
+        raise ConfigError(f"classify.unexplained_exit: one of {', '.join(UNEXPLAINED_EXIT)}, got {unexplained!r}")
 
     return Policy(xids=xids, signatures=tuple(sigs), counts=tuple(c for c in counts if c.xids),
-                  consequences=consequences)
+                  consequences=consequences, recurrences=recurrences, unexplained_exit=unexplained)

@@ -52,6 +52,17 @@ def _keep(buf: deque, total: int, item: bytes, max_bytes: int) -> int:
     return total
 
 
+def _trim(buf: list[bytes], total: int, max_bytes: int) -> int:
+    """Drop the oldest records of ``buf`` (``total`` bytes, one newline each counted) until at
+    most ``max_bytes`` remain; returns the new total."""
+    cut = 0
+    while total > max_bytes and cut < len(buf):
+        total -= len(buf[cut]) + 1
+        cut += 1
+    del buf[:cut]
+    return total
+
+
 def read_kmsg(since_monotonic_s: float, *, max_bytes: int = 4 << 20, path: str = "/dev/kmsg") -> list[str]:
     """Kernel messages stamped at or after ``since_monotonic_s`` (seconds, printk clock, which
     follows CLOCK_MONOTONIC: pass a ``time.monotonic()`` value), oldest first, newest
@@ -62,7 +73,9 @@ def read_kmsg(since_monotonic_s: float, *, max_bytes: int = 4 << 20, path: str =
     except OSError as exc:
         first = f"{path}: {exc.strerror}"
     else:
-        buf: deque[bytes] = deque()
+        # the newest records within max_bytes; trimmed from the front only when twice over (the
+        # per-record work is the whole cost of a large window: issue 22, benchmarks/epilog_overhead.py)
+        buf: list[bytes] = []
         total = 0
         pending = b""
         deadline = time.monotonic() + KMSG_DEADLINE_S
@@ -84,16 +97,29 @@ def read_kmsg(since_monotonic_s: float, *, max_bytes: int = 4 << 20, path: str =
                 for rec in lines:
                     if rec[:1] == b" ":  # continuation line: " SUBSYSTEM=pci"
                         continue
-                    parsed = _kmsg_record(rec)
-                    if parsed is not None and parsed[0] >= since_monotonic_s:
-                        total = _keep(buf, total, parsed[1], max_bytes)
+                    head, sep, body = rec.partition(b";")   # _kmsg_record, inline
+                    fields = head.split(b",", 3)
+                    if not sep or len(fields) < 3:
+                        continue
+                    try:
+                        if int(fields[2]) / 1e6 < since_monotonic_s:
+                            continue
+                    except ValueError:
+                        continue
+                    buf.append(body)
+                    total += len(body) + 1
+                if total > 2 * max_bytes:
+                    total = _trim(buf, total, max_bytes)
             parsed = _kmsg_record(pending) if pending[:1] not in (b"", b" ") else None
             if parsed is not None and parsed[0] >= since_monotonic_s:
-                total = _keep(buf, total, parsed[1], max_bytes)
+                buf.append(parsed[1])
+                total += len(parsed[1]) + 1
+            _trim(buf, total, max_bytes)
         except OSError as exc:
             first = f"{path}: {exc.strerror}"
         else:
-            return [b.decode("utf-8", "replace") for b in buf]
+            # one decode: UTF-8 never lets an invalid sequence swallow the ASCII newline
+            return b"\n".join(buf).decode("utf-8", "replace").split("\n") if buf else []
         finally:
             os.close(fd)
     return _read_dmesg(since_monotonic_s, max_bytes, first)

@@ -2,7 +2,8 @@
 
 * ``xid_catalog.csv``: one row per NVIDIA Xid code (156 codes): the catalog meaning (paraphrased),
   NVIDIA's immediate-action bucket, whether the catalog calls it hardware, and slurm-ft's default
-  ``class``/``action``/``rank`` with the reason (``policy``) and the ``source`` of the facts.
+  ``class``/``action``/``rank`` with the reason (``policy``) and the ``source`` of the facts;
+  ``repair`` (reset/reboot/none, from the bucket) and ``cancels`` (the Xid a later one undoes).
 * ``signatures.toml``: one row per kind of non-Xid evidence (see the file header for fields).
 * ``classify_policy.toml``: default count/window rules.
 * ``kernel_headers.toml``: the kernel-owned record headers a kernel record must begin with to be
@@ -21,6 +22,9 @@ from functools import lru_cache
 from ..errors import ConfigError
 from .model import ACTIONS, CLASSES
 
+#: Repairs a catalog row may call for (``repair`` column, from NVIDIA's immediate-action bucket:
+#: RESET_GPU and the Xid 48 / NVLink workflows -> reset; RESTART_BM/RESTART_VM/XID_154 -> reboot).
+REPAIRS = ("reset", "reboot", "none")
 SOURCES = ("kernel", "output", "any", "slurm_state", "exit", "xid", "sxid")
 
 
@@ -38,6 +42,11 @@ class XidRow:
     bucket: str = ""
     policy: str = ""
     source: str = ""
+    #: The repair NVIDIA's immediate-action bucket calls for (``reset``, ``reboot`` or ``none``),
+    #: used by ``[remediate]`` (slurm_ft.remediate; docs/drain-report.md, "Break-fix remediation").
+    repair: str = "none"
+    #: Xid codes this one cancels when it follows them on the same GPU (catalog pairs: 162/163).
+    cancels: frozenset[int] = frozenset()
 
     @property
     def id(self) -> str:
@@ -114,7 +123,11 @@ def xid_catalog() -> dict[int, XidRow]:
         row = XidRow(
             xid=int(rec["xid"]), cls=rec["class"], action=rec["action"], rank=int(rec["rank"]),
             meaning=rec["meaning"], bucket=rec["bucket"], policy=rec["policy"], source=rec["source"],
+            repair=rec.get("repair") or "none",
+            cancels=frozenset(int(x) for x in (rec.get("cancels") or "").split() if x.isdigit()),
         )
+        if row.repair not in REPAIRS:
+            raise ConfigError(f"{where}: repair must be one of {', '.join(REPAIRS)}, got {row.repair!r}")
         rows[row.xid] = row
     return rows
 

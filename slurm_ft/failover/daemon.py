@@ -23,12 +23,15 @@ Each cycle (every ``[failover] poll_interval_s``; docs/architecture.md, "Event f
    planned and acted on; an error with one job (a refused or timed-out command, a bug) is logged
    and that job retried later with a backoff, never stopping another job or the loop.
 
-A cycle with nothing due asks Slurm nothing. A journal another process holds locked costs no
+With a backup controller a daemon runs on each controller host and only the one whose slurmctld
+is in control runs cycles (:mod:`.leader`; a takeover starts with a full scan). A cycle with
+nothing due asks Slurm nothing. A journal another process holds locked costs no
 wait: writes go to its spool (slurm_ft.journal.store) and every decision still sees them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import signal
@@ -39,9 +42,12 @@ from ..journal import open_daemon_journal
 from ..slurm import Job, Slurm
 from ..slurm import split_nodes as _split_nodes  # noqa: F401  (kept for importers)
 from ..jobinfo import list_jobs
+from ..journal import identity
 from . import machine, mailbox, policy
 from .effects import Effects
+from .intent import recover as recover_failover
 from .events import EventSpool
+from .reconcile import Reconciler
 from .machine import time_limit_s as _time_limit_s  # noqa: F401  (kept for importers)
 from .options import trusted_options
 
@@ -62,6 +68,14 @@ FT_WORD = re.compile(r"(?:^|\s)ft(?::|\s|$)")
 FULL_SCAN_RETRY_S = 10.0
 #: Longest pause (seconds) before a job whose handling failed is looked at again.
 MAX_BACKOFF_S = 60.0
+#: After a job's failure end event (slurmctld's hook, exit status not 0), that job is looked at
+#: every FOLLOW_POLL_S seconds for FOLLOW_WINDOW_S (its epilog ending, its requeue leaving
+#: COMPLETING, StartTime=now taking), at most FOLLOW_MAX jobs at a time: a fault's next step is
+#: seen within tens of ms, not a poll interval later. Each such look is one single-job read (the
+#: node list only once the job has left COMPLETING): a cost per failure, never per queue.
+FOLLOW_POLL_S = 0.05
+FOLLOW_WINDOW_S = 3.0
+FOLLOW_MAX = 4
 #: Actions after which the job's Slurm record has changed (planned again at once).
 REQUEUES = (machine.Failover, machine.RequeueNotFault, machine.Release)
 
@@ -83,6 +97,12 @@ class Daemon:
         fcfg = cfg.failover
         self.events = events if events is not None else (EventSpool(fcfg.events_dir) if fcfg.events_dir else None)
         self.effects = Effects(self)
+        self.reconciler = Reconciler(self)                     # journal vs Slurm after a controller restart
+        self.remediator = None                                 # [remediate] break-fix (slurm_ft.remediate)
+        if getattr(getattr(cfg, "remediate", None), "enabled", False):
+            from ..remediate.actions import Remediator
+
+            self.remediator = Remediator(self)
         self._stop = False
         self.nodes: list = []
         self.top_priority = 0
@@ -97,7 +117,9 @@ class Daemon:
         self._backlog: dict[int, None] = {}
         self.bisect_proc = None                                # the bisect [bisect] auto started (Popen)                    # full-scan reads not done yet, in order
         self._ft: set[int] = self.journal.active_ft_jobs()     # ft jobs on record, not yet final
-        self._seen_keys: set[tuple[str, str]] = set()          # mailbox records journaled
+        self._seen_keys: set[tuple] = set()                    # mailbox records journaled (node, key, time)
+        self._renewed_ids: set[int] = set()                    # (identity, reset each cycle)
+        self._identity_checked: set[int] = set()
         self._health_looked: set[tuple[int, int, str]] = set()
         self._errors: dict[int, int] = {}                      # job -> consecutive failures
         self._backoff: dict[int, float] = {}                   # job -> not before
@@ -105,6 +127,12 @@ class Daemon:
         self._next_nodes = 0.0
         self._rows: list | None = None                         # this cycle's full scan, if any
         self.cycle_errors: list[str] = []                      # Slurm/journal trouble this cycle (logged, retried)
+        self.leader = None                                     # .leader.Leader once the controllers are known
+        self._discover_at = 0.0                                # next `scontrol show config` try for it
+        self._waker = None                                     # .wake.EventWatch once the loop sleeps
+        self._follow: dict[int, float] = {}                    # job -> followed closely until (FOLLOW_*)
+        self._early = False                                    # this cycle came before the poll interval
+        self._regular_at = 0.0                                 # when the next regular cycle is due (monotonic)
 
     # ------------------------------------------------------------------ loop
     def run(self, once: bool = False) -> None:
@@ -117,7 +145,8 @@ class Daemon:
             t0 = time.monotonic()
             ok = False
             try:
-                self.cycle()
+                if self._leading():    # a standby daemon (backup controller not in control) waits
+                    self.cycle()
                 ok = not self.cycle_errors
                 if once and self.cycle_errors:
                     raise SlurmFTError(self.cycle_errors[0])   # `daemon --once` as a check: exit 1
@@ -133,15 +162,65 @@ class Daemon:
                 daemonlock.beat(self.cfg, ok=ok)
             if once:
                 return
-            time.sleep(max(0.0, self.cfg.failover.poll_interval_s - (time.monotonic() - t0)))
+            self._pause(t0)
+        if getattr(self.journal, "unwritten", 0):   # a full disk: last try, else the count is logged
+            self.journal.close()                     # (failovers stay in AdminComment: .intent)
         log.info("slurm-ft daemon stopped")
+
+    def _pause(self, t0: float) -> None:
+        """Sleep until the next regular cycle (``poll_interval_s`` after the last regular one
+        began; ``t0``: this cycle's start, monotonic), ended early when slurmctld's hook drops a
+        job-end event (slurm_ft.failover.wake: inotify on ``events_dir``; a plain sleep without
+        it) or a followed job's next look is due (FOLLOW_*); never less than ``wake.MIN_GAP_S``
+        after t0."""
+        from . import wake
+
+        if self._waker is None:
+            self._waker = wake.EventWatch(getattr(self.events, "dir", None))
+            if self._waker.fd is None:
+                log.info("events: no inotify wake-up (%s): events are read every poll", self._waker.why_not)
+        elapsed = time.monotonic() - t0
+        if elapsed < wake.MIN_GAP_S:
+            time.sleep(wake.MIN_GAP_S - elapsed)
+        if not self._early:          # the cycle just run was a regular one: the next is a poll later
+            self._regular_at = t0 + self.cfg.failover.poll_interval_s
+        left = self._regular_at - time.monotonic()
+        now = self.clock()
+        due = min((self._watch[j] for j, until in self._follow.items()
+                   if until > now and self._watch.get(j, 0.0) > now), default=None)
+        by_due = due is not None and due - now < left    # a followed job's next look comes first
+        woken = self._waker.wait(max(0.0, due - now if by_due else left))
+        # an early cycle (an event, a followed job) reads only what is due; a flood of them never
+        # delays the regular cycle past its time
+        self._early = woken or by_due
+
+    def _leading(self) -> bool:
+        """Whether this daemon acts now: its host's slurmctld is in control (slurm_ft.failover.leader;
+        always with one controller). A takeover starts from a full scan and the journal."""
+        from . import leader
+
+        if self.leader is None and time.monotonic() >= self._discover_at:
+            self.leader = leader.discover(self.slurm)
+            self._discover_at = time.monotonic() + leader.DISCOVER_RETRY_S
+        if self.leader is None:
+            return True
+        active, changed = self.leader.check()
+        if active and changed:   # what it knew while standing by (or before) may be stale
+            self._light.clear()
+            self._seen_keys.clear()
+            self._next_scan = self._next_nodes = 0.0
+            self._ft = self.journal.active_ft_jobs()
+            self.boosted = self.journal.boosted_jobs()
+        return active
 
     def cycle(self) -> None:
         """One pass (see the module doc)."""
         now = self.clock()
         fcfg = self.cfg.failover
         self._rows = None
-        self.cycle_errors = []
+        self._renewed_ids: set[int] = set()                    # ids a new job took this cycle (identity)
+        self._identity_checked: set[int] = set()               # ids checked against Slurm this cycle
+        had_errors, self.cycle_errors = bool(self.cycle_errors), []
         try:
             self.journal.flush()
             self.breaker_latched = self.journal.breaker_latched()  # `slurm-ft breaker reset` closes it
@@ -151,6 +230,8 @@ class Daemon:
             self.cycle_errors.append(f"journal: {exc}")
             intents = []
         full = fcfg.scan_interval_s == 0 or now >= self._next_scan
+        if self.reconciler.ctld_restarted(full or had_errors):
+            full = True                # slurmctld restarted: reconcile now (slurm_ft.failover.reconcile)
         targets: set[int] = set()
         if self.events is not None:
             for ev in self.events.read():
@@ -158,6 +239,7 @@ class Daemon:
                     self._backlog.setdefault(ev.job_id, None)
                 else:
                     targets.add(ev.job_id)
+                    self._follow_failure(ev.job_id, now)
         targets |= {j for j, at in self._watch.items() if at <= now}
         targets |= {i["job_id"] for i in intents}
         targets = {j for j in targets if self._backoff.get(j, 0.0) <= now}
@@ -187,7 +269,7 @@ class Daemon:
         # over cycles: at most MAX_SCAN_READS and about one poll interval of reading per cycle, so
         # a fault never waits behind hundreds of them, however slow Slurm answers
         t_routine = time.monotonic()
-        for jid in list(self._backlog)[:MAX_SCAN_READS]:
+        for jid in list(self._backlog)[:0 if self._early else MAX_SCAN_READS]:   # early: faults only
             if time.monotonic() - t_routine > fcfg.poll_interval_s:
                 break
             del self._backlog[jid]
@@ -195,21 +277,26 @@ class Daemon:
                 self._read(jid, jobs)
         # 2. ... then the nodes: an epilog posts before its job leaves COMPLETING
         fresh: set[int] = set()
-        if full or now >= self._next_nodes or any(j is not None and j.state != "RUNNING" for j in jobs.values()):
+        # (an early cycle, for a followed fault, skips the node list while its jobs are COMPLETING)
+        if full or now >= self._next_nodes or any(j is not None and j.state != "RUNNING"
+                                                  and not (self._early and j.completing) for j in jobs.values()):
             try:
                 self.refresh_nodes()
                 self._next_nodes = now + fcfg.node_poll_s
                 fresh = self.ingest_mailboxes(self.nodes)
+                if self.remediator is not None:    # before reconcile: a repaired node's resume is ours
+                    self.remediator.scan(self.nodes)
             except SlurmCommandError as exc:
                 log.error("nodes: %s", exc)
                 self.cycle_errors.append(f"nodes: {exc}")
             for jid in sorted((fresh | self._health_candidates()) - set(jobs)):
                 if self._backoff.get(jid, 0.0) <= now:
                     self._read(jid, jobs)
+        self.reconciler.after_reads(self._rows if full else None)   # journal vs Slurm (.reconcile)
         # 3. unfinished actions
         for intent in intents:
             jid = intent["job_id"]
-            if jid not in jobs or self._backoff.get(jid, 0.0) > now:
+            if jid not in jobs or self._backoff.get(jid, 0.0) > now or jid in self._renewed_ids:
                 continue
             self._guarded(jid, lambda: self.effects.resume(intent, jobs[jid]))
         # 4. every job in this cycle, faults first: a burst of ordinary ends never delays a failover
@@ -221,6 +308,8 @@ class Daemon:
                 continue
             if self._watch.get(jid, float("inf")) <= now:
                 del self._watch[jid]
+            if self._backoff.get(jid, 0.0) > self.clock():
+                continue     # its resumed action failed just now (e.g. a refused requeue): later
             self._guarded(jid, lambda: self.handle(job))
 
     def _reconcile(self, rows) -> set[int]:
@@ -248,10 +337,38 @@ class Daemon:
     # ------------------------------------------------------------------ Slurm reads
     def _read(self, jid: int, jobs: dict) -> None:
         try:
-            jobs[jid] = self.slurm.job(jid)
+            job = self.slurm.job(jid)
+            if job is not None and identity.observe(self.journal, job) is not None:
+                self._renewed(jid)     # a new job with a used id: the old record was retired
+            self._identity_checked.add(jid)
+            jobs[jid] = job
         except SlurmFTError as exc:
             log.error("job %s: %s", jid, exc)
             self._failed(jid)
+
+    def _check_identity(self, jid: int) -> None:
+        """Check Slurm's job ``jid`` against the journal's record of the id (identity), once a
+        cycle, before a node verdict about it is journaled; if Slurm cannot be asked, the verdict
+        is filed by its time alone (identity.record_for)."""
+        if jid in self._identity_checked:
+            return
+        try:
+            job = self.slurm.job(jid)
+            if job is not None and identity.observe(self.journal, job) is not None:
+                self._renewed(jid)
+            self._identity_checked.add(jid)
+        except SlurmFTError as exc:
+            log.error("job %s: %s", jid, exc)
+
+    def _renewed(self, jid: int) -> None:
+        """Job id ``jid`` now names another job (slurm_ft.journal.identity): forget what was known
+        of the old one; its intents read this cycle are not resumed."""
+        log.warning("job %s: a new job with a used job id; the old job's record was retired "
+                    "(ft-history -j %s shows both)", jid, jid)
+        self._forget(jid)
+        self.boosted.discard(jid)
+        self._renewed_ids.add(jid)
+        self._seen_keys = {k for k in self._seen_keys if not k[1].startswith(f"{jid}.")}  # mailbox keys: job.attempt
 
     def refresh_nodes(self) -> None:
         self.nodes = self.slurm.nodes()
@@ -263,6 +380,15 @@ class Daemon:
             self.slurm, timeout_s=max(FULL_SCAN_TIMEOUT_S, self.cfg.slurm.command_timeout_s))
         return max((r.priority for r in rows if r.state in ("PENDING", "RUNNING") and r.job_id != exclude
                     and r.job_id not in self.boosted), default=0)
+
+    def boost_base(self, job: Job) -> int:
+        """The priority a failed-over job is boosted above (``[failover] priority_boost``): the
+        highest pending/running job slurm-ft did not boost, read now (:meth:`fresh_top_priority`:
+        the last full scan may be a minute old, from before the jobs now waiting came or had their
+        priority raised), the job itself included unless slurm-ft boosted it already (a boost
+        never ratchets)."""
+        own = 0 if job.job_id in self.boosted else max(job.priority or 0, self.priority_seen(job.job_id))
+        return max(self.fresh_top_priority(exclude=job.job_id), own)
 
     def priority_seen(self, job_id: int) -> int:
         """The last priority above 0 the daemon saw the job have (0: never seen)."""
@@ -288,17 +414,30 @@ class Daemon:
         fresh: set[int] = set()
         for node in nodes:
             for rec in mailbox.parse(getattr(node, field, ""), node.name):
-                seen = (node.name, rec.key)
-                if seen in self._seen_keys:
+                mem = (node.name, rec.key, rec.time)   # one record exactly: a reused job id repeats keys
+                if mem in self._seen_keys:
                     continue
+                key, seen = self._mailbox_target(node.name, rec)
+                if not self.journal.mailbox_seen(*seen) and key == rec.job_id:
+                    self._check_identity(rec.job_id)     # a new job with a used id: its own record
+                    key, seen = self._mailbox_target(node.name, rec)
                 if not self.journal.mailbox_seen(*seen):
-                    self.journal.add_node_verdict(rec.on(node.name, "mailbox"))
+                    v = rec.on(node.name, "mailbox")
+                    self.journal.add_node_verdict(v if key == v.job_id else dataclasses.replace(v, job_id=key))
                     self.journal.mark_mailbox_seen(*seen)
-                    log.info("verdict job %s attempt %s on %s: %s (%s)", rec.job_id, rec.attempt, node.name,
-                             rec.verdict, rec.rule)
-                    fresh.add(rec.job_id)
-                self._seen_keys.add(seen)
+                    log.info("verdict job %s attempt %s on %s: %s (%s)%s", rec.job_id, rec.attempt, node.name,
+                             rec.verdict, rec.rule, "" if key == rec.job_id else " (an earlier job with this id)")
+                    if key == rec.job_id:
+                        fresh.add(rec.job_id)
+                self._seen_keys.add(mem)
         return fresh
+
+    def _mailbox_target(self, node: str, rec) -> tuple[int, tuple[str, str]]:
+        """(journal record a node post belongs to, its ``mailbox_seen`` key): the current job of
+        the id, or, for a post made before that job was submitted, the earlier job's retired
+        record, seen under ``JOB.ATTEMPT@KEY`` (slurm_ft.journal.identity.record_for)."""
+        key = identity.record_for(self.journal, rec.job_id, rec.time)
+        return key, (node, rec.key if key == rec.job_id else f"{rec.key}@{key}")
 
     # ------------------------------------------------------------------ per job
     def handle(self, job: Job, replan: bool = False) -> None:
@@ -306,8 +445,12 @@ class Daemon:
         now = self.clock()
         self._light[job.job_id] = (job.state, job.reason, job.nodes)
         facts = self.facts(job, now)
+        fresh = None if replan else self.reconciler.redo(job, facts)   # Slurm lost a requeue: redone
+        if fresh is not None:
+            return self.handle(fresh, replan=True)
         view = machine.View(now, {n.name: n for n in self.nodes}, self.cfg.failover, self.top_priority,
-                            poll_s=self.cfg.failover.poll_interval_s, bisect_auto=self.cfg.bisect.auto)
+                            poll_s=FOLLOW_POLL_S if self._follow.get(job.job_id, 0.0) > now
+                            else self.cfg.failover.poll_interval_s, bisect_auto=self.cfg.bisect.auto)
         actions = machine.plan(job, facts, view)
         for action in actions:
             self.effects.apply(job, action, facts.opts)
@@ -340,6 +483,8 @@ class Daemon:
         if job.ended:
             self._seen_ended.setdefault(key, now)
         j = self.journal
+        if enabled and job.restart_count > 0:
+            recover_failover(j, job)   # a failover the journal lost (not writable), from the AdminComment
         row = j.job(job.job_id)
         needs_rows = enabled or (job.state == "PENDING" and job.restart_count > 0)
         return machine.Facts(
@@ -364,6 +509,13 @@ class Daemon:
             self._gpus[key] = {k: frozenset(v) for k, v in self.slurm.job_gpus(job.job_id).items()}
         return self._gpus[key]
 
+    def _follow_failure(self, job_id: int, now: float) -> None:
+        """Look at ``job_id`` every FOLLOW_POLL_S for FOLLOW_WINDOW_S (a failure end event),
+        unless FOLLOW_MAX other jobs are followed already."""
+        self._follow = {j: until for j, until in self._follow.items() if until > now}
+        if job_id in self._follow or len(self._follow) < FOLLOW_MAX:
+            self._follow[job_id] = now + FOLLOW_WINDOW_S
+
     def wake(self, job_id: int, at: float) -> None:
         """Look at the job again at ``at`` (or sooner)."""
         self._watch[job_id] = min(self._watch.get(job_id, float("inf")), at)
@@ -387,7 +539,7 @@ class Daemon:
         self.wake(jid, at)
 
     def _forget(self, jid: int) -> None:
-        for d in (self._light, self._watch, self._running, self._priority, self._errors, self._backoff,
+        for d in (self._light, self._watch, self._running, self._priority, self._errors, self._backoff, self._follow,
                   self._backlog):
             d.pop(jid, None)
         self._ft.discard(jid)

@@ -27,6 +27,10 @@ log = logging.getLogger("slurm_ft.daemon")
 #: Seconds an admin's evacuation request of a running attempt may stay unanswered (the machine
 #: answers it in the first cycle that sees the job running; this only bounds a stuck one).
 REQUEST_TTL_S = 600.0
+#: Refused ``scontrol requeue`` calls of one attempt before its failover is booked
+#: ``internal-error``: the daemon's backoff spreads them over about 15 s (1 + 2 + 4 + 8), longer
+#: than a slurmctld restart takes (about 5 s on the lab).
+REQUEUE_TRIES = 5
 
 
 class Effects:
@@ -63,7 +67,7 @@ class Effects:
         self.journal.close_attempts_before(a.job_id, a.attempt)
 
     def _NotConfigured(self, job, a: m.NotConfigured, opts) -> None:
-        self.journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=0,
+        self.journal.upsert_job(job.job_id, name=job.name, user=job.user, account=job.account, ft_enabled=0,
                                 ft_state=policy.NOT_CONFIGURED)
         if not a.plain:
             log.warning("job %s: bad ft options: %s", job.job_id, a.error)
@@ -73,8 +77,7 @@ class Effects:
         self.journal.set_ft_state(job.job_id, policy.RUNNING)
         # a fact that stays true once the job has ended (Slurm refuses updates to finished jobs:
         # "Job has already finished"), never a state that would go stale
-        self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
-                                                               f"attempt {a.attempt} ({a.why})"))
+        self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, "restarted"))
 
     def _Eligible(self, job, a, opts) -> None:
         self.journal.set_ft_state(job.job_id, policy.REQUEUED)
@@ -152,12 +155,16 @@ class Effects:
     # ------------------------------------------------------------------ decisions
     def _Failover(self, job, a: m.Failover, opts) -> None:
         self._node_fail_verdicts(job, a.attempt, a.node_fail, a.slurm_state)
-        detail = json.dumps({"reason": a.reason, "blamed": list(a.blamed)})
+        avoid = tuple(n for n in policy.avoided_by(a.verdicts) if n not in a.blamed)
+        detail = json.dumps({"reason": a.reason, "blamed": list(a.blamed), **({"avoid": list(avoid)} if avoid else {})})
         aid = self.journal.intend(job.job_id, a.attempt, "failover", m.hostlist(a.blamed), detail)
         self.journal.set_ft_state(job.job_id, policy.FAILOVER)
-        log.info("job %s attempt %s: failover (%s), blaming %s", job.job_id, a.attempt, a.reason,
-                 m.hostlist(a.blamed) or "no node")
-        self.failover(job, a.attempt, a.reason, a.blamed, a.verdicts, aid)
+        log.info("job %s attempt %s: failover (%s), blaming %s%s", job.job_id, a.attempt, a.reason,
+                 m.hostlist(a.blamed) or "no node", f", avoiding {m.hostlist(avoid)}" if avoid else "")
+        self.failover(job, a.attempt, a.reason, a.blamed, a.verdicts, aid, avoid)
+        from .owner import tell_failover   # [notify]: mail / webhook to the owner
+
+        tell_failover(self, job)
 
     def _Final(self, job, a: m.Final, opts) -> None:
         self._node_fail_verdicts(job, a.attempt, a.node_fail, a.slurm_state)
@@ -166,10 +173,12 @@ class Effects:
         log.info("job %s attempt %s: %s (%s)", job.job_id, a.attempt, a.kind, a.reason)
         if a.kind == policy.MAX_RETRIES and a.blamed:
             self.drain(job.job_id, a.attempt, a.blamed, a.verdicts)
-        # only a job Slurm still lets us update (requeued, held) takes the final state; a finished
-        # job keeps "attempt N (after ...)" and ft-history has its final state (no call: refused)
-        if job.state == "PENDING" or a.hold:
-            self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, a.kind))
+        # only a job Slurm still lets us update (requeued, held) takes the final state in its
+        # live record; a finished one takes it in its accounting record (sacct) and its owner
+        # reads the give-up line in the job's log (slurm_ft.failover.owner)
+        from .owner import tell_final
+
+        tell_final(self, job, a)
         if a.hold:
             # Slurm requeued it by itself (NODE_FAIL), but slurm-ft will not retry it: hold it, visibly.
             self.slurm.run("scontrol", "hold", str(job.job_id), check=False)
@@ -186,8 +195,7 @@ class Effects:
         self.journal.record(job.job_id, a.attempt, "decide", detail="evacuate: requeued by an admin or Slurm")
         self.journal.record(job.job_id, a.attempt, "evacuation", "", "requeued by an admin or Slurm")
         self.journal.set_ft_state(job.job_id, policy.EVACUATED)
-        self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
-                                                               f"{policy.EVACUATED} (requeued by an admin)"))
+        self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, policy.EVACUATED))
         self.d.wake(job.job_id, self.d.clock())
 
     def _RequeueNotFault(self, job, a: m.RequeueNotFault, opts) -> None:
@@ -218,28 +226,40 @@ class Effects:
             return
         if action == "evacuation":
             steps.exclude_and_boost(self.slurm, self.journal, job.job_id, attempt, drained, nodes=self.d.nodes,
-                                    top=self.d.top_priority, priority_boost=self.fcfg.priority_boost,
+                                    top=self.d.boost_base(job), priority_boost=self.fcfg.priority_boost,
                                     ceiling=self.fcfg.priority_ceiling, unsatisfiable=self.fcfg.unsatisfiable)
             self.d.boosted.add(job.job_id)
-        self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id,
-                                                               f"{state} (attempt {attempt + 1} next)"))
+        self.try_update(job.job_id, AdminComment=admin_comment(self.journal, job.job_id, state))
         self.journal.finish(aid)
         self.d.wake(job.job_id, self.d.clock())
 
     # ------------------------------------------------------------------ failover steps
-    def failover(self, job: Job, attempt: int, reason: str, blamed, verdicts, aid: int) -> None:
+    def failover(self, job: Job, attempt: int, reason: str, blamed, verdicts, aid: int, avoid=()) -> None:
         """Drain, requeue in place, exclude, boost, clear the requeue delay (``steps``).
-        Idempotent: safe to run again for the same attempt after a crash at any point."""
+        ``avoid``: nodes excluded for this retry only, neither drained nor blamed
+        (:func:`policy.avoided_by`). Idempotent: safe to run again for the same attempt after a
+        crash at any point."""
         j = self.journal
         self.drain(job.job_id, attempt, blamed, verdicts)
         refused = steps.requeue_in_place(self.slurm, j, job.job_id, attempt)
         if refused:
+            tries = sum(1 for a in j.actions(job.job_id)
+                        if a["action"] == "requeue" and a["attempt"] == attempt and a["status"] == "failed")
+            if tries < REQUEUE_TRIES:
+                # a refusal may be slurmctld restarting or an RPC lost ("Unexpected message
+                # received", measured on 22.05 in the restart's first second): the failover's
+                # intent stays open and the daemon resumes it after its backoff (1, 2, 4, 8 s);
+                # only the last refusal is final
+                raise SlurmCommandError(f"requeue refused ({tries} of {REQUEUE_TRIES} tries; retried): {refused}")
             j.finish(aid, "failed", f"requeue refused: {refused}")
             j.set_ft_state(job.job_id, policy.INTERNAL_ERROR)
             log.error("job %s: requeue refused: %s", job.job_id, refused)
             return
+        # above the jobs waiting *now* (one light read of the queue, a fault's cost): the last full
+        # scan may be a minute old, from before those jobs came or had their priority raised
+        top = self.d.boost_base(job) if blamed else 0
         outcome = steps.exclude_and_boost(self.slurm, j, job.job_id, attempt, list(blamed), nodes=self.d.nodes,
-                                          top=self.d.top_priority,
+                                          top=top, avoid=list(avoid),
                                           # a retry that blames no node (the job's own output may
                                           # have chosen it) keeps the job's priority
                                           priority_boost=self.fcfg.priority_boost if blamed else 0,
@@ -344,7 +364,8 @@ class Effects:
         if intent["action"] == "failover":
             detail = json.loads(intent["detail"] or "{}")
             self.failover(job, attempt, detail.get("reason", ""), tuple(detail.get("blamed", [])),
-                          tuple(self.journal.node_verdicts(job.job_id, attempt)), intent["id"])
+                          tuple(self.journal.node_verdicts(job.job_id, attempt)), intent["id"],
+                          tuple(detail.get("avoid", [])))
         elif intent["action"] == "release":
             self.release(job, attempt, split_nodes(intent["target"]), intent["id"])
         else:

@@ -61,7 +61,7 @@ START_RETRY_S = 2.0
 #: Node states in which Slurm has lost a node (sinfo --json, lower- or upper-case).
 LOST = ("down", "not_responding", "no_respond")
 #: Final decisions made without a hardware verdict: a hardware verdict arriving later reopens them.
-REOPEN = {policy.FAILED, policy.USER_ERROR, policy.TIMEOUT}
+REOPEN = {policy.FAILED, policy.USER_ERROR, policy.TIMEOUT, policy.IMAGE_PULL_FAILED}
 #: Journal actions that settle an attempt (a decision was made for it).
 DECIDING = ("decide", "failover", "release", "evacuation", "continue")
 #: Seconds between looks at a job whose checkpoint ack is awaited.
@@ -649,8 +649,9 @@ def _decide(job: Job, f: Facts, v: View, attempt: int, slurm_state: str, requeue
         out: list[Action] = [Failover(job.job_id, attempt, decision.reason, tuple(decision.blamed_nodes),
                                       decision.verdicts, node_fail, slurm_state)]
     else:
-        out = [Final(job.job_id, attempt, decision.kind, decision.reason, tuple(decision.blamed_nodes),
-                     decision.verdicts, node_fail, slurm_state, hold=requeued and decision.kind != policy.COMPLETED)]
+        kind = policy.visible_final(decision.kind, decision.verdicts)
+        out = [Final(job.job_id, attempt, kind, decision.reason, tuple(decision.blamed_nodes),
+                     decision.verdicts, node_fail, slurm_state, hold=requeued and kind != policy.COMPLETED)]
     if v.bisect_auto and not f.acts(attempt, "bisect-start") and bisect_candidate(decision, nodes):
         out.append(StartBisect(job.job_id, attempt, tuple(nodes), decision.reason))
     return out

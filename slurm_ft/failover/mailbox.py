@@ -6,7 +6,7 @@ set a field of its own *node* record (``Extra`` by default), which the daemon re
 bounded list of records (:class:`slurm_ft.failover.verdict.NodeVerdict`), newest last, in two
 pools so that failing jobs never push a hardware verdict out (:func:`bounded`):
 
-    slurm-ft/1;<rec>;<rec>;...      rec = job.attempt,verdict,rule,xids,exit,time
+    slurm-ft/1;<rec>;<rec>;...      rec = job.attempt,verdict,rule,xids,exit,time[,summary]
     xids = 79@0000:10:00+48@0000:11:00   (percent-encoded fields)
 
 Each node's field is written only by that node's epilogs, serialised by a local ``flock``, so the
@@ -100,19 +100,21 @@ def post(cfg, slurm, node: str, job_id: int, attempt: int, verdict: str, rule: s
     post_verdict(cfg, slurm, new_record(job_id, attempt, verdict, rule, xids, exit_code).on(node))
 
 
-def post_verdict(cfg, slurm, v: NodeVerdict, *, sleep=time.sleep) -> bool:
+def post_verdict(cfg, slurm, v: NodeVerdict, *, sleep=time.sleep, log=None) -> bool:
     """Publish ``v`` (for ``v.node``), after whatever this node's outbox still holds. A post Slurm
     refuses (slurmctld restarting, a timeout) is retried :data:`POST_TRIES` times, then kept in
     the node's **outbox** (``[node_state] dir``/``outbox-<node>.json``, root-only) and sent by the
-    next prolog or epilog on this node: a verdict is never dropped. Returns True when everything
-    is posted."""
+    next prolog or epilog on this node: a verdict is never dropped. Records of this node's sent
+    ledger that a slurmctld state rollback erased from the field are put back in the same write
+    (slurm_ft.failover.repost). Returns True when everything is posted."""
     kw = dict(field=cfg.failover.mailbox_field, keep=cfg.failover.mailbox_keep, lock_dir=cfg.node_state.dir)
     with _node_lock(cfg.node_state.dir, v.node):
         waiting = [*_outbox_read(cfg.node_state.dir, v.node), v]
         for attempt in range(POST_TRIES):
             try:
-                _publish_locked(slurm, v.node, waiting, kw["field"], kw["keep"])
+                back = _publish_locked(slurm, v.node, waiting, kw["field"], kw["keep"], state_dir=cfg.node_state.dir)
                 _outbox_write(cfg.node_state.dir, v.node, [])
+                _journal_reposts(cfg, v.node, back, log)
                 return True
             except SlurmFTError:
                 if attempt + 1 < POST_TRIES:
@@ -121,25 +123,64 @@ def post_verdict(cfg, slurm, v: NodeVerdict, *, sleep=time.sleep) -> bool:
         return False
 
 
-def flush_outbox(cfg, slurm, node: str) -> bool:
-    """Post what this node's outbox holds (prolog and epilog call it first); True when empty."""
-    with _node_lock(cfg.node_state.dir, node):
-        waiting = _outbox_read(cfg.node_state.dir, node)
-        if not waiting:
+def flush_outbox(cfg, slurm, node: str, log=None) -> bool:
+    """Post what this node's outbox holds (an epilog with nothing of its own to post calls it;
+    the prolog too, in its detached part, when :func:`slurm_ft.failover.repost.pending`); with an empty outbox, read the
+    field only when the sent ledger asks for a check (:func:`slurm_ft.failover.repost.due`) and
+    put back what a slurmctld state rollback erased. True when the outbox is empty."""
+    from . import repost
+
+    state_dir = cfg.node_state.dir
+    with _node_lock(state_dir, node):
+        waiting = _outbox_read(state_dir, node)
+        if not waiting and not repost.due(state_dir, node):     # one open() when neither
             return True
         try:
-            _publish_locked(slurm, node, waiting, cfg.failover.mailbox_field, cfg.failover.mailbox_keep)
+            back = _publish_locked(slurm, node, waiting, cfg.failover.mailbox_field, cfg.failover.mailbox_keep,
+                                   state_dir=state_dir)
         except SlurmFTError:
             return False
-        _outbox_write(cfg.node_state.dir, node, [])
+        _outbox_write(state_dir, node, [])
+        _journal_reposts(cfg, node, back, log)
         return True
 
 
-def _publish_locked(slurm, node: str, records: list[NodeVerdict], field: str, keep: int) -> None:
+def _publish_locked(slurm, node: str, records: list[NodeVerdict], field: str, keep: int, *,
+                    state_dir: str | None = None) -> list[NodeVerdict]:
+    """Read ``node``'s field, add ``records``, write it (under the node lock). With ``state_dir``
+    (the node's own hooks): also put back what the sent ledger says a rollback erased, and keep
+    the ledger. Returns the records put back. Raises :class:`SlurmFTError` if Slurm refuses (the
+    ledger is then unchanged)."""
     current = parse(slurm.show_node(node).get(field, ""))
+    back: list[NodeVerdict] = []
+    ledger = None
+    if state_dir is not None:
+        from . import repost
+        now = time.time()
+        back, ledger = repost.plan(repost.read_ledger(state_dir, node), current, keep, now, node)
+        if back:
+            current = sorted([*current, *back], key=lambda r: r.time)
     have = {r.encode() for r in current}
-    merged = [*current, *(r for r in records if r.encode() not in have)]
-    slurm.update_node(node, **{field: render(merged, keep)})
+    fresh = [r for r in records if r.encode() not in have]
+    if fresh or back:
+        slurm.update_node(node, **{field: render([*current, *fresh], keep)})
+    if ledger is not None:
+        from . import repost
+        try:
+            repost.write_ledger(state_dir, node, repost.remember(ledger, fresh, time.time()))
+        except OSError:
+            pass        # the post is made; only a later re-post of it is lost
+    return back
+
+
+def _journal_reposts(cfg, node: str, records: list[NodeVerdict], log) -> None:
+    if not records:
+        return
+    from . import repost
+    if log is not None:
+        log(f"re-posted {len(records)} verdict(s) missing from {node}'s mailbox field (a slurmctld state "
+            f"rollback): {', '.join(r.key for r in records)}")
+    repost.journal_reposts(cfg, node, records, log)
 
 
 def _outbox_path(lock_dir: str, node: str) -> str:

@@ -38,16 +38,26 @@ def trusted_options(job, journal, failover_cfg) -> FtOptions:
     opts = jobspec.clamp(opts, failover_cfg.max_retries)
     fields = {"ft_options": jobspec.admin_token(opts), "retries": opts.retries}
     if row is None:
-        journal.upsert_job(job.job_id, name=job.name, user=job.user, ft_enabled=1, ft_state=policy.RUNNING,
-                           excluded_nodes="", **fields)
+        journal.upsert_job(job.job_id, name=job.name, user=job.user, account=job.account, ft_enabled=1,
+                           ft_state=policy.RUNNING, excluded_nodes="", **fields)
     else:
         journal.upsert_job(job.job_id, **fields)
     return opts
 
 
-def admin_comment(journal, job_id: int, state_text: str) -> str:
-    """``slurm-ft:<state_text> <recorded token>``: what slurm-ft writes into a job's AdminComment,
-    keeping the options record next to the state users see in ``squeue``."""
+def admin_comment(journal, job_id: int, state_text: str, sentence: str | None = None) -> str:
+    """``slurm-ft:<state_text> <sentence> <recorded token>``: what slurm-ft writes into a job's
+    AdminComment, keeping the options record next to the state users see in ``scontrol show
+    job``. ``sentence``: what the owner reads (:mod:`.marker`); default: the sentence of the
+    attempt slurm-ft's last requeue started (none before the first requeue)."""
+    from .marker import journal_sentence
+
     row = journal.job(job_id)
     token = row.get("ft_options") if row else None
-    return f"{jobspec.ADMIN_LEADER}{state_text}" + (f" {token}" if token else "")
+    if sentence is None:
+        sentence = journal_sentence(journal, job_id)
+    from .intent import word     # the durable failover record, last (slurm_ft.failover.intent)
+
+    fo = word(journal.actions(job_id))
+    return f"{jobspec.ADMIN_LEADER}{state_text}" + (f" {sentence}" if sentence else "") \
+        + (f" {token}" if token else "") + (f" {fo}" if fo else "")

@@ -39,7 +39,18 @@ CANCELLED = "cancelled"
 NOT_CONFIGURED = "not-configured"
 #: Failover stopped because excluding the blamed nodes leaves too few for the job (admin decides).
 HELD = "held"
-FINAL_STATES = {INTERNAL_ERROR, USER_ERROR, FAILED, TIMEOUT, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURED, HELD}
+#: The job's container image could not be imported (pyxis/enroot: a rejected reference, or a
+#: transient cause that outlasted the unblamed retries): the seed's ``imagepullbackoff`` on Slurm
+#: (issue 22). Its own final state, whatever ended the retries (:func:`visible_final`).
+IMAGE_PULL_FAILED = "image-pull-failed"
+#: Rule-id prefix of the image-import rules (slurm_ft/data/signatures.toml: image-pull-rejected,
+#: image-pull-transient, image-pull-failed).
+IMAGE_PULL_RULE = "image-pull"
+#: Slurm no longer knows an open ft job (purged after a slurmctld state loss:
+#: slurm_ft.failover.reconcile); nothing more can be done for it.
+LOST = "lost"
+FINAL_STATES = {INTERNAL_ERROR, USER_ERROR, FAILED, TIMEOUT, MAX_RETRIES, COMPLETED, CANCELLED, NOT_CONFIGURED, HELD,
+                LOST, IMAGE_PULL_FAILED}
 #: States of a job slurm-ft requeued that waits to run again (the daemon clears the requeue delay).
 PENDING_STATES = {FAILOVER, REQUEUED, CONTINUED, EVACUATED}
 #: Decision kinds that requeue the job (besides finals and "wait").
@@ -195,6 +206,22 @@ def decide(*, slurm_state: str, failovers_done: int, retries: int, verdicts: lis
     return Decision(FAILED, "no hardware fault found", (), tuple(verdicts))
 
 
+def visible_final(kind: str, verdicts) -> str:
+    """The final ft state the owner sees for a give-up decision of ``kind`` made on ``verdicts``
+    (dicts with ``verdict`` and ``rule``): :data:`IMAGE_PULL_FAILED` when the job gave up
+    (user error, no fault found, fast-fail or retries used up) because its container image could
+    not be imported and no hardware verdict is among them; else ``kind`` unchanged. One place for
+    every path that ends a job (:func:`decide` and the daemon's fast-fail)."""
+    if kind not in (USER_ERROR, FAILED, MAX_RETRIES):
+        return kind
+    verdicts = list(verdicts)
+    if any(v.get("verdict") == "hardware" for v in verdicts):
+        return kind
+    if any(str(v.get("rule") or "").startswith(IMAGE_PULL_RULE) for v in verdicts):
+        return IMAGE_PULL_FAILED
+    return kind
+
+
 def node_fail_verdicts(verdicts: list, job_nodes, failed_nodes) -> list[dict]:
     """The verdicts Slurm's own ``NODE_FAIL`` adds (a lost node runs no epilog): a hardware
     :data:`NODE_FAIL_RULE` verdict for each node Slurm names failed (``failed_nodes``; for a
@@ -217,6 +244,20 @@ def blamed_by(verdicts) -> tuple[str, ...]:
     epilog's trusted evidence, a prolog health check, or :data:`NODE_FAIL_RULE` for a node Slurm
     reports failed), sorted; a verdict without a node blames nobody."""
     return tuple(sorted({v["node"] for v in verdicts if v["verdict"] == "hardware" and v.get("node")}))
+
+
+def avoided_by(verdicts) -> tuple[str, ...]:
+    """The nodes a failed-over job's retry keeps off without blaming them: each node of an
+    :data:`UNVERIFIED_RULE` verdict of a cross-job rule (``unverified:<recurrence rule id>``,
+    slurm_ft.classify.recurrence: jobs of several users crashed there; the trusted checks did
+    not confirm it), sorted. Only such evidence counts: it needs jobs of other users (slurmd's
+    uids), so no job can name a node to avoid by its own output. Only this job's
+    ``ExcNodeList`` is touched: the node is neither drained nor blamed, and a job that cannot run
+    without it keeps it (slurm_ft.failover.steps.exclude_and_boost)."""
+    from ..classify.recurrence import rule_ids   # on a failover only
+
+    wanted = {f"{UNVERIFIED_RULE}{rid}" for rid in rule_ids()}
+    return tuple(sorted({v["node"] for v in verdicts if v.get("node") and str(v.get("rule") or "") in wanted}))
 
 
 def _after_notify(slurm_state: str, notified: str | None, saved: bool, evacuations_done: int,

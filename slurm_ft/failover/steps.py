@@ -81,7 +81,8 @@ def requeue_in_place(slurm, journal, job_id: int, attempt: int) -> str | None:
 
 
 def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[str], *, nodes: list,
-                      top: int, priority_boost: int, ceiling: int = 0, unsatisfiable: str = "hold") -> str:
+                      top: int, priority_boost: int, ceiling: int = 0, unsatisfiable: str = "hold",
+                      avoid: list[str] = ()) -> str:
     """After the requeue: ``ExcNodeList`` = every node blamed in any attempt, ``Priority`` above
     every waiting job, ft state in ``AdminComment``; releases a job Slurm requeued held.
 
@@ -93,12 +94,20 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
     journal action ``hold`` with the reason; ft state ``held``; a warning in the daemon log);
     ``"relax"`` drops the excluded nodes from its required node list (``scontrol update
     ReqNodeList=<rest>``, verified on 22.05; journal action ``relax``) where that suffices and
-    goes on with the failover, else holds. Returns ``"requeued"`` or ``"held"``."""
+    goes on with the failover, else holds. ``avoid``: nodes excluded too, but only where the job
+    can still run without them (never a hold or a relax for them: they are suspects, not blamed).
+    Returns ``"requeued"`` or ``"held"``."""
     fresh = slurm.job(job_id)
     if fresh is None:
         return "requeued"
     blamed_before = [a["target"] for a in journal.actions(job_id) if a["action"] == "drain" and a["target"]]
     excluded = sorted(set(split_nodes(fresh.excluded_nodes)) | set(blamed_before) | set(blamed))
+    if set(avoid) - set(excluded):
+        from . import constraints
+        wider = sorted(set(excluded) | set(avoid))
+        # a reservation is not read for a suspect: a job in one keeps its nodes
+        if not (fresh.raw or {}).get("resv_name") and constraints.check(fresh, nodes, wider).runnable:
+            excluded = wider
     fit = feasibility(slurm, journal, fresh, attempt, excluded, blamed, nodes=nodes, unsatisfiable=unsatisfiable)
     outcome = "requeued"
     if not fit.runnable:
@@ -171,7 +180,7 @@ def hold(slurm, journal, job_id: int, attempt: int, reason: str) -> dict[str, st
     journal.record(job_id, attempt, "hold", str(job_id), reason)
     journal.set_ft_state(job_id, policy.HELD)
     logging.getLogger(__name__).warning("job %s: held: %s", job_id, reason)
-    return {"AdminComment": admin_comment(journal, job_id, f" held: {reason}")}
+    return {"AdminComment": admin_comment(journal, job_id, f" held: {reason}", "")}
 
 
 def clear_requeue_delay(slurm, journal, job: Job, *, start: str | None = "now") -> bool:

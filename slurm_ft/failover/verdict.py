@@ -40,6 +40,11 @@ class NodeVerdict(Mapping):
     #: a faulty node: rule ``clean-exit``, action ``drain_node``); the drain reason names it.
     #: Local to the node (not in the mailbox record nor the journal row).
     cause: str = field(default="", compare=False)
+    #: A one-line summary that travels in the mailbox record (its optional 7th field, at most
+    #: :data:`SUMMARY_CHARS` printable ASCII characters) and becomes the daemon's evidence line:
+    #: numbers only, never the job's text (the node field is readable by every user). The hang
+    #: watcher's: window, last heartbeat, stack dump size (slurm_ft.failover.marker.hang_summary).
+    summary: str = field(default="", compare=False)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -63,20 +68,23 @@ class NodeVerdict(Mapping):
         return cls(job_id, attempt, v.verdict, v.rule, tuple((x.xid, x.bus_id or "") for x in v.xids), exit_code,
                    time, node, tuple(v.evidence), v.action, source, getattr(v, "cause", ""))
 
-    # -- mailbox record: job.attempt,verdict,rule,xids,exit,time -------------------------------
+    # -- mailbox record: job.attempt,verdict,rule,xids,exit,time[,summary] ----------------------
     def encode(self) -> str:
         xids = "+".join(f"{x}@{quote(b or '', safe=':')}" for x, b in self.xids)
         ec = "" if self.exit_code is None else str(self.exit_code)
-        return ",".join([self.key, quote(self.verdict, safe=""), quote(self.rule, safe="-_."), xids, ec,
-                         f"{self.time:.1f}"])
+        fields = [self.key, quote(self.verdict, safe=""), quote(self.rule, safe="-_."), xids, ec, f"{self.time:.1f}"]
+        if self.summary:
+            fields.append(quote(_printable(self.summary), safe="()-_.:="))
+        return ",".join(fields)
 
     @classmethod
     def decode(cls, text: str, node: str = "") -> "NodeVerdict | None":
         """Parse one mailbox record; None if it is malformed (a node field is not trusted input)."""
         parts = text.split(",")
-        if len(parts) != 6:
+        if len(parts) not in (6, 7):
             return None
-        key, verdict, rule, xids, ec, t = parts
+        key, verdict, rule, xids, ec, t = parts[:6]
+        summary = _printable(unquote(parts[6])) if len(parts) == 7 else ""
         try:
             job, attempt = (int(v) for v in key.split("."))
             pairs = []
@@ -84,8 +92,8 @@ class NodeVerdict(Mapping):
                 x, _, b = item.partition("@")
                 pairs.append((int(x), unquote(b)))
             return cls(job, attempt, unquote(verdict), unquote(rule), tuple(pairs),
-                       int(ec) if ec else None, float(t), node, (), "drain_node" if unquote(verdict) == "hardware"
-                       else "none", "mailbox")
+                       int(ec) if ec else None, float(t), node, (summary,) if summary else (),
+                       "drain_node" if unquote(verdict) == "hardware" else "none", "mailbox", summary=summary)
         except ValueError:
             return None
 
@@ -114,3 +122,12 @@ class NodeVerdict(Mapping):
 
     def __len__(self) -> int:
         return len(KEYS)
+
+
+#: The most characters of a mailbox record's summary.
+SUMMARY_CHARS = 300
+
+
+def _printable(text: str) -> str:
+    """``text`` as printable ASCII (anything else ``?``), at most :data:`SUMMARY_CHARS`."""
+    return "".join(c if " " <= c <= "~" else "?" for c in str(text)[:SUMMARY_CHARS])

@@ -30,7 +30,9 @@ unblamed retries, blaming no node). Then (``[hang] act``) it ends the job's proc
 node (SIGTERM, then SIGKILL after ``[hang] kill_wait_s``): all of them, so the job ends and is
 requeued; only the step's tasks when the in-place wrapper (``slurm-ft run``) marked the
 directory, so the wrapper restarts the step in the same allocation (and the window starts over,
-grace included).
+grace included). Last, the stack's top frames go to the controller's journal by a private
+channel (:mod:`slurm_ft.hang.report`: the history service, root's MUNGE credential; never
+Slurm's node field), best effort, in at most 3 s, for ``ft-history`` to show the job's owner.
 
 **Ends** when the prolog's start marker is gone (the epilog removed it), or when Slurm says the
 job no longer runs this attempt here (asked every ``[hang] slurm_check_s``), removing the
@@ -183,6 +185,8 @@ class Watcher:
         self.verdicts: list = []
         self.looks = 0
         self._output_tries = 0
+        self.dumps: list[tuple[int, str, str]] = []     # (pid, name, py-spy dump) of the last hang
+        self.beat_at: float | None = None                # its last heartbeat (epoch s)
 
     def open(self) -> None:
         try:
@@ -259,13 +263,19 @@ class Watcher:
 
     # ---------------------------------------------------------------------------- a hang
     def evidence(self, now: float, procs) -> list[str]:
+        """The verdict's evidence lines (node journal); also keeps ``self.dumps`` ((pid, name,
+        dump) per process) and ``self.beat_at`` (the last heartbeat, epoch s) for the owner's
+        block and the mailbox summary."""
+        from ..failover.marker import utc
         from .evidence import MAX_DUMPS, find_py_spy, stack_dump
         p, w = self.progress, self.w
         lines = [f"hang watcher on {w.node}: no progress for {p.quiet_s(now):.0f} s (window {w.window_s:.0f} s, "
                  f"after a grace of {self.cfg.hang.grace_s:.0f} s; looked every {self.cfg.hang.poll_s:g} s)"]
+        self.dumps, self.beat_at = [], None
         if p.latest is not None:
             b = p.latest
-            lines.append(f"last heartbeat: step {b.step}, {now - b.mono:.0f} s ago, pid {b.pid}"
+            self.beat_at = time.time() - max(0.0, now - b.mono)      # the watcher's clocks, not the job's wall
+            lines.append(f"last heartbeat: step {b.step}, {now - b.mono:.0f} s ago, pid {b.pid}, at {utc(self.beat_at)}"
                          + (f", saving for {now - b.since:.0f} s" if b.saving else ""))
         else:
             grew = f"last grew {now - p.last_growth:.0f} s ago" if p.last_growth else "did not grow while watched"
@@ -289,6 +299,7 @@ class Watcher:
             lines.append("no process of the job found on this node")
         for q in ranks[:MAX_DUMPS]:
             dump = stack_dump(py_spy, q.pid, w.uid, w.gid, self.cfg.hang.dump_timeout_s)
+            self.dumps.append((q.pid, q.comm, dump))
             lines.append(f"stack of pid {q.pid} ({q.comm}, step {q.step}):\n{dump}")
             if py_spy is None:
                 break
@@ -312,7 +323,10 @@ class Watcher:
                 q.close()
 
     def _on_hang(self, now: float, procs, pinned) -> None:
+        import dataclasses
+
         from ..failover import mailbox
+        from ..failover.marker import HANG_ACTIONS, hang_summary, top_frames
         from ..failover.verdict import NodeVerdict
         from ..journal import open_node_journal
         from .evidence import kernel_verdict
@@ -329,6 +343,11 @@ class Watcher:
         else:
             v = NodeVerdict(w.job_id, w.attempt, "hang", RULE, (), None, time.time(), w.node, tuple(lines), "retry",
                             "watcher")
+        p, beat = self.progress, self.progress.latest
+        step = beat.step if beat is not None else None
+        v = dataclasses.replace(v, summary=hang_summary(
+            w.node, p.quiet_s(now), w.window_s, self.beat_at, step, len(self.dumps),
+            sum(len(top_frames(d)) for _, _, d in self.dumps)))
         self.verdicts.append(v)
         self.log(f"verdict {v.verdict} ({v.rule}): {lines[0]}")
         try:
@@ -342,9 +361,12 @@ class Watcher:
         except SlurmFTError as exc:
             self.log(f"verdict not posted: {exc}")
         if not self.cfg.hang.act:
+            self.tell_owner(now, HANG_ACTIONS["observe"])
             self.log("[hang] act = false: the job is left running")
             self.ended = True
+            self.send_report(step)
             return
+        self.tell_owner(now, HANG_ACTIONS["inplace" if inplace else "requeue"])
         targets = [pinned[q.pid] for q in (tasks(procs) if inplace else procs) if q.pid in pinned]
         self.log(f"ending {'the step tasks' if inplace else 'the job processes'} on {w.node}: "
                  f"{', '.join(str(q.pid) for q in targets) or 'none found'}")
@@ -353,6 +375,59 @@ class Watcher:
             self.progress.restart(self.clock())      # the wrapper restarts the step: grace again
         else:
             self.ended = True
+        self.send_report(step)      # after the processes are ended: the job's end never waits for it
+
+    #: ``encode`` for :func:`slurm_ft.hang.report.send` (tests; None: MUNGE, for root alone).
+    report_encode = None
+
+    def send_report(self, step: int | None) -> None:
+        """The stack frames to the controller's journal by the private channel
+        (:mod:`slurm_ft.hang.report`: never Slurm's node field), best effort, at most
+        :data:`slurm_ft.hang.report.SEND_S` seconds; the outcome goes to the node log only."""
+        from . import report
+        # the job's end runs the epilog, whose backstop SIGTERMs a watcher still here
+        # (epilog_cleanup): the send (bounded) finishes first, then a pending SIGTERM ends us
+        # (seen on a loaded lab: the report was lost mid-send, nothing logged)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            payload = report.encode_report(self.w.job_id, self.w.attempt, self.w.node, self.dumps, self.beat_at, step)
+            if payload is None:
+                self.log("hang report not sent: no stack frame to send")
+                return
+            report.send(self.cfg, self.slurm, payload, self.log, encode=self.report_encode)
+        except Exception as exc:          # best effort: never keeps the watcher from going on
+            self.log(f"hang report not sent: {type(exc).__name__}: {exc}")
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def tell_owner(self, now: float, action: str) -> None:
+        """Append the hang block (:func:`slurm_ft.failover.marker.hang_block`: ``slurm-ft: hang
+        on n1: ...``, the last heartbeat's time, the top frames of each dumped process) to the
+        job's output, as the job's user (:func:`slurm_ft.userfile.append_line`: no symlink
+        followed, only the user's own regular file, 2 s at most). A refusal is logged; the job's
+        end does not wait for it."""
+        try:
+            self._tell_owner(now, action)
+        except Exception as exc:          # best effort: never keeps the hung job from being ended
+            self.log(f"hang block not written: {type(exc).__name__}: {exc}")
+
+    def _tell_owner(self, now: float, action: str) -> None:
+        from ..failover.marker import hang_block
+        from ..failover.owner import job_outputs
+        from ..userfile import UserFileError, append_line
+        w, beat = self.w, self.progress.latest
+        # the prolog knows the output path only where slurmd tells it; else Slurm's expanded StdOut/StdErr
+        paths = [w.stdout] if w.stdout else job_outputs(self.slurm, w.job_id)[2]
+        if not paths:
+            self.log("hang block not written: the job's output path is not known")
+            return
+        block = hang_block(w.node, self.progress.quiet_s(now), w.window_s, self.beat_at,
+                           beat.step if beat is not None else None, self.dumps, action)
+        for path in paths:
+            try:
+                append_line(path, w.uid, w.gid, block.encode("ascii", "replace"))
+            except UserFileError as exc:
+                self.log(f"hang block not written to the job's output: {exc}")
 
     def close(self) -> None:
         for fd in (self.dir_fd, self.out_fd):

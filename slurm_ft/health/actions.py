@@ -38,7 +38,19 @@ def act_on_node(cfg, node: str, results, slurm, log) -> str:
     resume was only logged), "kept-admin-reason", "already-drained", "breaker-open: ..."
     (the circuit breaker stopped the drain, see slurm_ft.breaker), "resumed", "still-drained"
     (every check passes, the node stays drained: slurm-ft's drain without auto_resume, or an
-    admin's; ``log`` says which and how to resume it) or "none"."""
+    admin's; ``log`` says which and how to resume it) or "none"; with ``[remediate] enabled``, on a
+    node under repair: "resumed" or "remediate-failed" (slurm_ft.remediate.actions.after_checks)."""
+    # a node under repair ([remediate]): the checks decide (slurm_ft.remediate.actions)
+    if getattr(getattr(cfg, "remediate", None), "enabled", False):
+        from ..remediate.actions import after_checks
+
+        def rerun():
+            from . import run_checks
+            return run_checks(cfg, node)
+
+        done = after_checks(cfg, node, results, slurm, log, rerun=rerun)
+        if done is not None:
+            return done
     reason = drain_reason(results)
     if reason:
         outcome = drain_node(slurm, node, reason, breaker=cfg.breaker)

@@ -5,9 +5,12 @@ Never edit a migration that has shipped; add a new one.
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from typing import TYPE_CHECKING
 
-import sqlite_utils
+if TYPE_CHECKING:
+    import sqlite_utils
 
 
 def m001_initial(db: sqlite_utils.Database) -> None:
@@ -53,16 +56,87 @@ def m003_action_uid_dead_letters(db: sqlite_utils.Database) -> None:
     db["dead_letters"].create({"id": int, "created": float, "op": str, "error": str}, pk="id")
 
 
-MIGRATIONS = [("001_initial", m001_initial), ("002_ft_options", m002_ft_options),
-              ("003_action_uid_dead_letters", m003_action_uid_dead_letters)]
+def m004_job_identity(db: sqlite_utils.Database) -> None:
+    """Job identity across job-id reuse (slurm_ft.journal.identity). ``job_identity``: the
+    incarnation of each job id the journal's rows (``jobs``, ``attempts``, ``verdicts``,
+    ``actions``, ``health``) now belong to: its array ids and the (restart count, SubmitTime)
+    pairs Slurm showed for it (``seen``, JSON). ``retired_jobs``: earlier jobs that had the same
+    id; their rows carry the negative ``key`` as their ``job_id``."""
+    db["job_identity"].create({
+        "job_id": int, "array_job_id": int, "array_task_id": int, "seen": str, "first_seen": float,
+        "updated": float,
+    }, pk="job_id")
+    db["retired_jobs"].create({
+        "key": int, "job_id": int, "array_job_id": int, "array_task_id": int, "seen": str, "retired": float,
+        "reason": str,
+    }, pk="key")
+    db["retired_jobs"].create_index(["job_id"])
+    db["job_identity"].create_index(["array_job_id", "array_task_id"])
 
 
-def apply(db: sqlite_utils.Database) -> list[str]:
-    """Apply pending migrations; returns the names applied now."""
+def m005_time_indexes(db: sqlite_utils.Database) -> None:
+    """Indexes on the times ``ft-history``'s window and the drain report read (slurm_ft.history
+    ``_candidates``, slurm_ft.report): each table's "last time" expression exactly as the queries
+    write it, so a window over a journal of 1,000,000 attempts reads only its own rows
+    (benchmarks/history_scale.py)."""
     conn = db.conn
+    conn.execute('CREATE INDEX IF NOT EXISTS attempts_last ON attempts (COALESCE("end", start, updated))')
+    conn.execute("CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created)")
+    conn.execute("CREATE INDEX IF NOT EXISTS actions_last ON actions (COALESCE(finished, created))")
+    conn.execute("CREATE INDEX IF NOT EXISTS jobs_updated ON jobs (updated)")
+    conn.execute("CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created)")
+    conn.execute("CREATE INDEX IF NOT EXISTS jobs_ft_state ON jobs (ft_state)")
+    conn.execute("CREATE INDEX IF NOT EXISTS jobs_user ON jobs (user)")
+
+
+def m006_job_account(db: sqlite_utils.Database) -> None:
+    """``jobs.account``: the job's Slurm account (``Account=`` of ``scontrol show job``,
+    ``account`` of ``squeue --json``: set by slurmctld at submit), recorded with the job's name and
+    user when slurm-ft first records the job (``ft-history -A``, field ``Account``); NULL for a job
+    recorded before. Index ``jobs_account`` for ``ft-history -A`` (ASCII case-insensitive, as
+    ``-A`` matches: Slurm keeps account names in lower case)."""
+    db["jobs"].add_column("account", str)
+    db.conn.execute("CREATE INDEX IF NOT EXISTS jobs_account ON jobs (account COLLATE NOCASE)")
+
+
+def m007_covering_time_indexes(db: sqlite_utils.Database) -> None:
+    """The "last time" indexes of 005 carry ``job_id`` too, so ``ft-history``'s window finds its
+    records from the indexes alone, reading no table row (benchmarks/history_scale.py)."""
+    conn = db.conn
+    for name, table, expr in (("attempts_last", "attempts", 'COALESCE("end", start, updated)'),
+                              ("verdicts_created", "verdicts", "created"),
+                              ("actions_last", "actions", "COALESCE(finished, created)")):
+        conn.execute(f"DROP INDEX IF EXISTS {name}")
+        conn.execute(f"CREATE INDEX IF NOT EXISTS {name}_job ON {table} ({expr}, job_id)")
+
+
+
+def m008_verdict_uid(db: sqlite_utils.Database) -> None:
+    """``verdicts.uid``: the job's owner, as slurmd gave the epilog (``SLURM_JOB_UID``; the job
+    cannot set it), on a node journal's verdict rows; NULL where unknown (the daemon's rows, rows
+    recorded before).  The epilog counts distinct owners of this node's recent crashes with it
+    (the ``node-crash-recurring`` rule, slurm_ft.classify.recurrence; issue 22)."""
+    db["verdicts"].add_column("uid", int)
+
+
+MIGRATIONS = [("001_initial", m001_initial), ("002_ft_options", m002_ft_options),
+              ("003_action_uid_dead_letters", m003_action_uid_dead_letters),
+              ("004_job_identity", m004_job_identity), ("005_time_indexes", m005_time_indexes),
+              ("006_job_account", m006_job_account), ("007_covering_time_indexes", m007_covering_time_indexes),
+              ("008_verdict_uid", m008_verdict_uid)]
+
+
+def apply(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:
+    """Apply pending migrations to ``db`` (a ``sqlite_utils.Database``, or a ``sqlite3`` connection
+    in autocommit mode); returns the names applied now.  With nothing pending (the prolog's and
+    epilog's case) sqlite_utils is not even imported (issue 22)."""
+    conn = db if isinstance(db, sqlite3.Connection) else db.conn
     conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied REAL)")
     done = {row[0] for row in conn.execute("SELECT name FROM _migrations")}
     applied = []
+    if isinstance(db, sqlite3.Connection) and not known() <= done:
+        import sqlite_utils
+        db = sqlite_utils.Database(conn, execute_plugins=False)
     for name, fn in MIGRATIONS:
         if name in done:
             continue

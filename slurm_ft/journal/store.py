@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-import sqlite_utils
-
 from ..errors import ConfigError, JournalError
-from . import boundary, migrations
+from . import boundary, migrations, trouble
+from .trouble import Trouble
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +40,11 @@ def open_journal(path: str | os.PathLike, *, readonly: bool = False, read_group:
     prolog/epilog): a write the database refuses as locked or busy within ``busy_timeout_s`` goes
     to the **spool** instead, ``<journal>.spool`` (JSON lines, fsync'd, same permissions), and is
     applied, in order, by the next write, :meth:`Journal.flush` or writer that opens the journal.
-    Until then this connection's reads include its spooled rows.
+    Until then this connection's reads include its spooled rows. A write the journal's storage
+    refuses (a full disk, a read-only remount, an I/O error: :mod:`.trouble`) is kept the same
+    way, and, when the spool cannot be written either, in this connection's memory
+    (:attr:`Journal.unwritten`, at most :data:`MAX_UNWRITTEN`), logged once per change of state
+    (:attr:`Journal.trouble`), written by :meth:`Journal.flush` once the journal takes writes.
     """
     return Journal(path, readonly=readonly, read_group=read_group, spool=spool, busy_timeout_s=busy_timeout_s)
 
@@ -135,27 +138,32 @@ def _make_dirs(directory: Path, mode: int, gid: int | None) -> None:
 #: Columns of the tables written through :meth:`Journal._write` (schema: migrations.py).
 COLUMNS = {
     "jobs": ("job_id", "name", "user", "ft_enabled", "retries", "ft_state", "excluded_nodes", "created", "updated",
-             "ft_options"),
+             "ft_options", "account"),
     "attempts": ("job_id", "attempt", "nodes", "start", "end", "exit_code", "signal", "state", "updated"),
     "verdicts": ("job_id", "attempt", "node", "verdict", "rule", "xids", "evidence", "action", "exit_code", "source",
-                 "created"),
+                 "created", "uid"),
     "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished", "uid"),
     "health": ("node", "job_id", "check_name", "status", "gpu", "measurement", "value", "detail", "created"),
     "mailbox_seen": ("node", "key", "seen"),
+    "job_identity": ("job_id", "array_job_id", "array_task_id", "seen", "first_seen", "updated"),  # identity.py
 }
-PKS = {"jobs": ("job_id",), "attempts": ("job_id", "attempt")}
+PKS = {"jobs": ("job_id",), "attempts": ("job_id", "attempt"), "job_identity": ("job_id",)}
 #: The kinds of write :meth:`Journal._write` applies, and the parts of an op that carry a row.
 OPS = ("insert", "insert_ignore", "upsert", "update", "close_before")
 ROW_PARTS = ("row", "first", "fields")
 #: Columns a written row must carry (the spool's overlay and the reads key on them).
 REQUIRED = {"jobs": ("job_id",), "attempts": ("job_id", "attempt"), "verdicts": ("job_id", "attempt", "node"),
             "actions": ("job_id", "attempt", "action", "status", "uid"), "health": ("node",),
-            "mailbox_seen": ("node", "key")}
+            "mailbox_seen": ("node", "key"), "job_identity": ("job_id",)}
+
+
+#: Writes one connection keeps in memory while its journal's storage refuses them and its spool
+#: cannot be written either (a full disk): beyond this a write raises :class:`JournalError`.
+MAX_UNWRITTEN = 20000
 
 
 def _locked(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and any(
-        w in str(exc).lower() for w in ("locked", "busy"))
+    return trouble.is_locked(exc)
 
 
 def _the_journals_fault(exc: BaseException) -> bool:
@@ -181,6 +189,35 @@ def _decode_text(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
+class _Database:
+    """:attr:`Journal.db`: the connection at once (``.conn``), a ``sqlite_utils.Database`` over it
+    for anything else, made on first use (tests/test_epilog_speed.py: a hook imports no
+    sqlite_utils)."""
+
+    __slots__ = ("conn", "_real")
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn, self._real = conn, None
+
+    def _database(self):
+        if self._real is None:
+            import sqlite_utils
+            self._real = sqlite_utils.Database(self.conn, execute_plugins=False)
+        return self._real
+
+    def __getattr__(self, name: str):
+        return getattr(self._database(), name)
+
+    def __getitem__(self, name: str):
+        return self._database()[name]
+
+
+def _dict_rows(cur: sqlite3.Cursor) -> list[dict]:
+    """A query's rows as dicts keyed by column name (what ``sqlite_utils.Database.query`` gives)."""
+    names = [d[0] for d in cur.description or ()]
+    return [dict(zip(names, row)) for row in cur]
+
+
 class Journal:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False, read_group: str = "",
                  spool: bool = False, busy_timeout_s: float = 10.0):
@@ -190,6 +227,11 @@ class Journal:
         self._spool = None if readonly else Path(f"{self.path}.spool")
         self._spooling = spool and not readonly
         self._pending: list[dict] = []     # this connection's writes not yet in the database, in order
+        self._unspooled: list[dict] = []   # the tail of _pending that only memory holds (spool unwritable)
+        #: what keeps writes out of the journal now (None: it takes them); see slurm_ft.journal.trouble
+        self.trouble: Trouble | None = None
+        #: writes refused by the journal's storage, per trouble kind (metrics, tests)
+        self.write_errors: dict[str, int] = {}
         self._uids: dict[int, str] = {}    # temporary action id (negative, still spooled) -> its row uid
         self._next_tmp = -1
         self._mode, self._gid = 0o600, None
@@ -203,8 +245,9 @@ class Journal:
         try:
             # no sqlite-utils plugins: scanning every installed package's entry points cost the prolog
             # and epilog ~20 ms each, and would run third-party code as root (issue 24)
-            self.db = sqlite_utils.Database(conn, execute_plugins=False)
-            if readonly and "_migrations" not in self.db.table_names():
+            self._conn, self._db = conn, None   # sqlite_utils only on first use of .db (issue 22)
+            if readonly and not conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_migrations'").fetchone():
                 raise JournalError(f"{self.path}: not a slurm-ft journal")
             newer = {r[0] for r in conn.execute("SELECT name FROM _migrations")} - migrations.known()
         except sqlite3.DatabaseError as exc:
@@ -229,8 +272,37 @@ class Journal:
                 conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
 
     def _db_error(self, exc: Exception) -> JournalError:
-        return JournalError(f"{self.path}: cannot open journal ({exc}); if it is corrupted, move it "
-                            f"aside and slurm-ft will start a new one")
+        t = trouble.diagnose(exc, self.path)
+        return JournalError(f"{self.path}: cannot open journal: {t} ({exc}): {t.advice}")
+
+    def _error(self, exc: BaseException) -> JournalError:
+        """The one-line JournalError for a failed write, naming the real trouble."""
+        if isinstance(exc, (sqlite3.Error, OSError)):
+            t = trouble.diagnose(exc, self.path)
+            if t.kind != "other":
+                return JournalError(f"{self.path}: {t}: {t.advice}")
+        return JournalError(f"{self.path}: {exc}")
+
+    @property
+    def unwritten(self) -> int:
+        """Writes of this connection that only its memory holds (the journal's storage and its
+        spool refused them: a full disk); :meth:`flush` writes them when it can."""
+        return len(self._unspooled)
+
+    def _note_trouble(self, t: Trouble) -> None:
+        """Count a refused write; log when the journal's state changes (not at every write)."""
+        self.write_errors[t.kind] = self.write_errors.get(t.kind, 0) + 1
+        if t.kind == "busy":
+            return
+        if self.trouble is None or self.trouble.kind != t.kind:
+            log.error("%s (writes are kept, in order, and applied when it takes them again)", t.message())
+        self.trouble = t
+
+    def _writable_again(self, written: int) -> None:
+        if self.trouble is not None:
+            log.warning("journal %s: writable again (was %s): %d waiting row(s) written", self.path,
+                        self.trouble, written)
+            self.trouble = None
 
     def _connect_writer(self, gid: int | None) -> sqlite3.Connection:
         """Create or open the journal for writing with its permissions (see :func:`open_journal`):
@@ -246,10 +318,9 @@ class Journal:
                 _secure_path(Path(f"{self.path}{side}"), mode, gid, create=False)
             conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            db = sqlite_utils.Database(conn, execute_plugins=False)
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                db.enable_wal()
-            migrations.apply(db)
+                conn.execute("PRAGMA journal_mode=wal")
+            migrations.apply(conn)
             for side in SIDE_FILES:
                 _secure_path(Path(f"{self.path}{side}"), mode, gid, create=False)
             return conn
@@ -298,13 +369,38 @@ class Journal:
             raise self._db_error(exc) from None
 
     def close(self) -> None:
-        self.db.conn.close()
+        """Close; rows only memory holds are written first if the journal takes them now, else
+        to the spool if it can be written, else reported (logged with their count)."""
+        if self._unspooled:
+            try:
+                self.flush()
+            except JournalError:
+                pass
+        if self._unspooled:
+            try:
+                for op in list(self._unspooled):
+                    self._spool_append(op)
+                    self._unspooled.pop(0)
+            except OSError as exc:
+                log.error("journal %s: %d row(s) could not be written (%s) and are lost with this process",
+                          self.path, len(self._unspooled), trouble.diagnose(exc, self.path))
+        self._conn.close()
 
     def __enter__(self) -> "Journal":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def db(self) -> "_Database":
+        """This journal's database: ``.conn`` is its ``sqlite3`` connection; everything else of a
+        ``sqlite_utils.Database`` (``query``, ``execute``, ``db["table"]``...) works too, made (and
+        sqlite_utils imported) at first use. The prolog and epilog use plain ``sqlite3`` only and
+        never pay sqlite_utils' import (~25 ms of the epilog's start, issue 22)."""
+        if self._db is None or self._db.conn is not self._conn:
+            self._db = _Database(self._conn)
+        return self._db
 
     def _guard(self, fn, *args, **kwargs):
         try:
@@ -315,13 +411,23 @@ class Journal:
     def _rows(self, sql: str, args: Iterable[Any] = ()) -> list[dict]:
         """The rows of one query; its parameters pass the boundary (:func:`boundary.params`)."""
         bound = boundary.params(args)
-        return self._guard(lambda: list(self.db.query(sql, bound)))
+        return self._guard(lambda: _dict_rows(self._conn.execute(sql, bound)))
 
     # -- writes: one path, with the spool ---------------------------------------------------
     @property
     def spooled(self) -> int:
         """Writes of this connection waiting in the spool (0: everything is in the database)."""
         return len(self._pending)
+
+    @property
+    def waiting_rows(self) -> int:
+        """Rows not in the database yet that a reader should be told of (0: none): this
+        connection's own waiting writes (:attr:`spooled`; its reads include them), else, for a
+        read-only connection, the lines waiting in ``<journal>.spool`` for a writer to apply
+        (:func:`.trouble.waiting_rows`; its reads do not include them)."""
+        if self._pending or self._spool is not None:
+            return len(self._pending)
+        return trouble.waiting_rows(self.path)
 
     def _clean(self, op: Any) -> dict:
         """``op`` with every row it carries passed through the journal boundary
@@ -379,11 +485,31 @@ class Journal:
             try:
                 return self._apply_ops([op]).get(op["uid"])
             except Exception as exc:  # noqa: BLE001 - the boundary: JournalError only
-                if not (self._spooling and _locked(exc)):
-                    raise JournalError(f"{self.path}: {exc}") from None
-        self._pending.append(op)
-        self._spool_append(op)
+                t = trouble.diagnose(exc, self.path) if isinstance(exc, (sqlite3.Error, OSError)) else None
+                if not (self._spooling and t is not None and t.transient):
+                    raise self._error(exc) from None
+                self._note_trouble(t)
+        self._keep(op)
         return None
+
+    def _keep(self, op: dict) -> None:
+        """Keep a write the database did not take: in the spool file, or, when that cannot be
+        written either (the same full disk), in memory (bounded: :data:`MAX_UNWRITTEN`), in order."""
+        if not self._unspooled:
+            try:
+                self._spool_append(op)
+                self._pending.append(op)
+                return
+            except OSError as exc:
+                t = trouble.diagnose(exc, self.path)
+                if not t.transient:
+                    raise JournalError(f"{self._spool}: cannot spool a write: {t}: {t.advice}") from None
+                self._note_trouble(t)
+        if len(self._unspooled) >= MAX_UNWRITTEN:
+            raise JournalError(f"{self.path}: {self.trouble or 'not writable'}: {len(self._unspooled)} rows "
+                               f"already wait in memory; this one is refused")
+        self._pending.append(op)
+        self._unspooled.append(op)
 
     def flush(self) -> bool:
         """Apply what waits in the spool (this connection's and any other process's); True when
@@ -396,32 +522,44 @@ class Journal:
         journal itself cannot take writes (not when it is merely locked: then False)."""
         if self._spool is None:
             return True
+        mine = {op["uid"] for op in self._pending}
+        memory = list(self._unspooled)
         try:
             if not self._spool.exists():
-                self._pending = []          # nothing spooled, or another writer applied it already
-                return True
-            with self._spool_lock():
-                ops = self._read_spool()
-                if not ops:
-                    self._pending = []
-                    return True
-                mine = {op["uid"] for op in self._pending}
-                self._apply_ops(ops, set_aside=True)
-                os.unlink(self._spool)
-            self._pending = [op for op in self._pending if op["uid"] not in mine]
-            return True
+                if memory:      # only memory holds them: no other process can be applying them
+                    self._apply_ops(memory, set_aside=True)
+                written = len(memory)
+            else:
+                with self._spool_lock():
+                    spooled = self._read_spool()     # [] when another writer applied it meanwhile
+                    ops = spooled + memory
+                    if ops:
+                        self._apply_ops(ops, set_aside=True)
+                    if spooled:
+                        os.unlink(self._spool)
+                written = len(ops)
         except OSError as exc:
-            raise JournalError(f"{self.path}.spool: {exc.strerror}") from None
+            t = trouble.diagnose(exc, self.path)
+            if not t.transient:
+                raise JournalError(f"{self.path}.spool: {t}: {exc.strerror or exc}") from None
+            self._note_trouble(t)
+            return False
         except Exception as exc:  # noqa: BLE001 - the boundary: JournalError only
-            if _locked(exc):
+            t = trouble.diagnose(exc, self.path) if isinstance(exc, (sqlite3.Error, OSError)) else None
+            if t is not None and t.transient:
+                self._note_trouble(t)
                 return False
-            raise JournalError(f"{self.path}: {exc}") from None
+            raise self._error(exc) from None
+        self._pending = [op for op in self._pending if op["uid"] not in mine]
+        self._unspooled = [op for op in self._unspooled if op["uid"] not in mine]
+        self._writable_again(written)
+        return True
 
     def _apply_ops(self, ops: list, *, set_aside: bool = False) -> dict[str, int]:
         """All ``ops`` in one transaction (BEGIN IMMEDIATE: waits at most the busy timeout);
         returns {op uid: new row id} of the inserts. With ``set_aside`` (the spool) each op runs
         in a savepoint and one that fails for its own sake goes to ``dead_letters`` instead."""
-        conn = self.db.conn
+        conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         ids: dict[str, int] = {}
         try:
@@ -434,7 +572,7 @@ class Journal:
                         op = self._clean(op)
                         rowid = self._apply_op(conn, op)
                     except Exception as exc:  # noqa: BLE001 - set aside, whatever it is
-                        if _the_journals_fault(exc):
+                        if _the_journals_fault(exc) or not conn.in_transaction:
                             raise
                         conn.execute("ROLLBACK TO one_write")
                         self._set_aside(conn, op, exc)
@@ -444,10 +582,31 @@ class Journal:
                     ids[op["uid"]] = rowid
             conn.execute("COMMIT")
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._rollback()
             raise
         return ids
+
+    def _rollback(self) -> None:
+        """End a failed transaction, leaving a connection that takes the next write. SQLite may
+        have rolled it back already (a full disk or an I/O error can end it): no second ROLLBACK
+        then (it would fail: "cannot rollback - no transaction is active"); a connection whose
+        rollback fails is replaced."""
+        conn = self._conn
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        if not conn.in_transaction:
+            return
+        try:
+            conn.close()
+        except sqlite3.Error:
+            pass
+        fresh = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
+        fresh.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        fresh.text_factory = _decode_text
+        self._conn = fresh
 
     def _set_aside(self, conn: sqlite3.Connection, op: Any, exc: BaseException) -> None:
         """Keep a refused spooled write in ``dead_letters`` (bounded, valid text) and log it."""
@@ -557,18 +716,27 @@ class Journal:
         return ops
 
     def _spool_append(self, op: dict) -> None:
-        try:
-            with self._spool_lock():
-                fd = os.open(self._spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             self._mode)
+        """Append one write to the spool (fsync'd). Raises OSError (the file is left as it was:
+        a line cut short by a full disk is cut off again)."""
+        with self._spool_lock():
+            fd = os.open(self._spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         self._mode)
+            try:
+                size = os.fstat(fd).st_size
+                data = (json.dumps(op) + "\n").encode()
                 try:
-                    os.write(fd, (json.dumps(op) + "\n").encode())
+                    if os.write(fd, data) != len(data):
+                        raise OSError(28, os.strerror(28))
                     os.fsync(fd)
-                finally:
-                    os.close(fd)
-            _secure_path(self._spool, self._mode, self._gid, create=False)
-        except OSError as exc:
-            raise JournalError(f"{self._spool}: cannot spool a write: {exc.strerror}") from None
+                except OSError:
+                    try:
+                        os.ftruncate(fd, size)
+                    except OSError:
+                        pass
+                    raise
+            finally:
+                os.close(fd)
+        _secure_path(self._spool, self._mode, self._gid, create=False)
 
     def _overlay(self, table: str, match) -> list[dict]:
         """This connection's spooled writes to ``table`` whose row satisfies ``match``."""
@@ -641,22 +809,27 @@ class Journal:
     # -- verdicts ------------------------------------------------------------------------
     def add_verdict(self, job_id: int, attempt: int, node: str, verdict: str, rule: str,
                     xids: Iterable[dict] = (), evidence: Iterable[str] = (), action: str = "none",
-                    exit_code: int | None = None, source: str = "epilog", created: float | None = None) -> bool:
-        """Record one node's verdict for one attempt. Returns False if it was already recorded."""
+                    exit_code: int | None = None, source: str = "epilog", created: float | None = None,
+                    uid: int | None = None) -> bool:
+        """Record one node's verdict for one attempt. Returns False if it was already recorded.
+        ``uid``: the job's owner as slurmd gave the epilog (``SLURM_JOB_UID``), None if unknown."""
         clean_node = boundary.value(node)
         if any(v["node"] == clean_node for v in self.verdicts(job_id, attempt)):
             return False
         row = {"job_id": job_id, "attempt": attempt, "node": node, "verdict": verdict, "rule": rule,
                "xids": list(xids), "evidence": list(evidence), "action": action,
                "exit_code": exit_code, "source": source, "created": created or self.clock()}
+        if uid is not None:
+            row["uid"] = uid
         self._write({"op": "insert_ignore", "table": "verdicts", "row": row})
         return True
 
-    def add_node_verdict(self, v) -> bool:
-        """Record a :class:`slurm_ft.failover.verdict.NodeVerdict` (the one typed verdict)."""
+    def add_node_verdict(self, v, uid: int | None = None) -> bool:
+        """Record a :class:`slurm_ft.failover.verdict.NodeVerdict` (the one typed verdict);
+        ``uid``: the job's owner (:meth:`add_verdict`)."""
         return self.add_verdict(v.job_id, v.attempt, v.node, v.verdict, v.rule,
                                 [{"xid": x, "bus_id": b or None} for x, b in v.xids], list(v.evidence), v.action,
-                                v.exit_code, source=v.source, created=v.time)
+                                v.exit_code, source=v.source, created=v.time, uid=uid)
 
     def node_verdicts(self, job_id: int, attempt: int | None = None) -> list:
         """The verdicts of a job (one attempt) as :class:`~slurm_ft.failover.verdict.NodeVerdict`."""
@@ -692,6 +865,18 @@ class Journal:
         for r in rows:
             r["xids"] = _json_list(r["xids"])
         return rows
+
+    def recent_rule_verdicts(self, since: float, rules: Iterable[str], *, limit: int = 1000,
+                             scan: int = 10000) -> list[dict]:
+        """Verdicts recorded at or after ``since`` (epoch seconds) whose ``rule`` is one of
+        ``rules`` (exact ids, e.g. ``segfault`` or ``unverified:segfault``), newest first:
+        ``[{job_id, attempt, created, rule, uid}]`` (``uid`` None where unknown).  Bounded like
+        :meth:`recent_xid_verdicts` (the ``scan`` newest rows, at most ``limit`` returned); for the
+        epilog's recurrence rule (slurm_ft.classify.recurrence)."""
+        sql = ("SELECT job_id, attempt, created, rule, uid FROM verdicts"
+               " WHERE id > (SELECT COALESCE(MAX(id), 0) FROM verdicts) - ? AND created >= ?"
+               " AND rule IN (SELECT value FROM json_each(?)) ORDER BY id DESC LIMIT ?")
+        return self._rows(sql, [int(scan), float(since), json.dumps(sorted(set(rules))), int(limit)])
 
     # -- actions -------------------------------------------------------------------------
     def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "") -> int:
@@ -768,6 +953,14 @@ class Journal:
         rows = self._rows(sql + " ORDER BY id", args)
         return self._with_pending(rows, lambda r: r["job_id"] == job_id
                                   and (attempt is None or r["attempt"] == attempt))
+
+    def actions_named(self, names: Iterable[str], since: float = 0.0) -> list[dict]:
+        """Every job's actions whose name is in ``names`` created at or after ``since`` (epoch
+        seconds), oldest first, this connection's spooled rows included (slurm_ft.failover.reconcile)."""
+        names = sorted(set(names))
+        rows = self._rows(f"SELECT * FROM actions WHERE action IN ({', '.join('?' * len(names))}) AND created >= ? "
+                          "ORDER BY id", [*names, float(since)])
+        return self._with_pending(rows, lambda r: r["action"] in names and (r["created"] or 0) >= since)
 
     def active_ft_jobs(self) -> set[int]:
         """ft-enabled jobs on record whose ft state is not final (the daemon watches them)."""

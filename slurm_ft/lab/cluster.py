@@ -36,6 +36,8 @@ from . import spank as lab_spank
 from .layout import Layout
 
 SBIN = "/usr/sbin"
+#: Snapshots of slurmctld's state a lab keeps (``lab snapshot-ctld``).
+SNAPSHOTS_KEPT = 20
 BIN = "/usr/bin"
 
 
@@ -198,6 +200,19 @@ def _port_owner(port: int) -> str:
 
 
 # --------------------------------------------------------------------------------- config files
+#: The lab's ``PrologFlags`` (``SLURM_FT_LAB_PROLOG_FLAGS`` overrides it, e.g. to compare ``Alloc``).
+DEFAULT_PROLOG_FLAGS = "Alloc,NoHold"
+
+
+def prolog_flags() -> str:
+    """The lab's ``PrologFlags=`` value: ``$SLURM_FT_LAB_PROLOG_FLAGS`` if set (letters and commas
+    only, else :class:`LabError`), else :data:`DEFAULT_PROLOG_FLAGS`."""
+    value = os.environ.get("SLURM_FT_LAB_PROLOG_FLAGS", DEFAULT_PROLOG_FLAGS)
+    if not value or not all(c.isalpha() or c == "," for c in value):
+        raise LabError(f"SLURM_FT_LAB_PROLOG_FLAGS={value!r}: expected flags like Alloc,NoHold")
+    return value
+
+
 def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path, extra: list[str] | tuple = ()) -> str:
     host = socket.gethostname().split(".")[0]
     d = lay.dir
@@ -221,9 +236,11 @@ def render_slurm_conf(lay: Layout, nodes: list[str], repo: Path, extra: list[str
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
         "GresTypes=gpu",
         f"Prolog={repo}/prolog/slurm-ft-prolog", f"Epilog={repo}/epilog/slurm-ft-epilog",
-        "PrologFlags=Alloc", "PrologEpilogTimeout=60",
+        f"PrologFlags={prolog_flags()}", "PrologEpilogTimeout=60",
         # ft job started/ended -> the daemon's events directory (contrib/slurm-ft-ctld-event)
         f"PrologSlurmctld={d}/ctld-event", f"EpilogSlurmctld={d}/ctld-event",
+        # `scontrol reboot` restarts that node's slurmd and heals its fake GPUs (slurm_ft/lab/reboot.py)
+        f"RebootProgram={d}/reboot-node",
         *extra,  # SPANK plugin, cli_filter, job_submit (lab/spank.py)
     ]
     for i, n in enumerate(nodes, start=1):
@@ -371,10 +388,14 @@ class Lab:
         if (procs and all(p["alive"] for p in procs) and state.get("nodes") == want
                 and state.get("repo") == str(self.repo) and bool(state.get("daemon")) == daemon
                 and state.get("port_base", L.DEFAULT_PORT_BASE) == self.lay.port_base
-                and state.get("accounting") and self._healthy(want)):
+                and state.get("accounting") and not self.hook_leftovers() and self._healthy(want)):
             log(f"lab already up in {self.lay.dir} ({', '.join(want)})")
             return self.status()
-        if any(p["alive"] for p in procs):
+        leftovers = self.hook_leftovers() if procs else []
+        if leftovers:
+            log(f"restarting the lab in {self.lay.dir}: its slurm.conf still has {', '.join(leftovers)} "
+                f"(a test's setting, not taken back)")
+        elif any(p["alive"] for p in procs):
             log(f"restarting the lab in {self.lay.dir} (it ran from {state.get('repo')} with nodes "
                 f"{','.join(state.get('nodes', []))}); its journals and job outputs go to {self.lay.dir}/archive/")
         if procs:
@@ -458,15 +479,145 @@ class Lab:
                     _reap(p["pid"])
                     time.sleep(0.01)
 
-    def slurmd_start(self, node: str) -> None:
-        """Start node ``node``'s slurmd again (after :meth:`slurmd_kill`)."""
+    def slurmd_start(self, node: str, rebooted: bool = False) -> None:
+        """Start node ``node``'s slurmd again (after :meth:`slurmd_kill`); ``rebooted``: with
+        ``-b`` (slurmd reports the node rebooted: the lab's RebootProgram, slurm_ft/lab/reboot.py)."""
         state = self._trusted_state()
         procs = [p for p in state.get("procs", []) if p["name"] != f"slurmd-{node}" or _alive(p)]
         if not any(p["name"] == f"slurmd-{node}" for p in procs):
-            procs.append(_spawn(f"slurmd-{node}", [f"{SBIN}/slurmd", "-D", "-f", str(self.lay.slurm_conf), "-N", node],
+            procs.append(_spawn(f"slurmd-{node}", [f"{SBIN}/slurmd", *(["-b"] if rebooted else []), "-D", "-f",
+                                                   str(self.lay.slurm_conf), "-N", node],
                                 self.lay.log(f"slurmd-{node}.stdout"), self._slurm_env()).as_dict())
         state["procs"] = procs
         self._write_state(state)
+
+    # reboots and health checks (issue 26, slurm_ft/lab/reboot.py) ---------------------------
+    def sticky_path(self, node: str) -> Path:
+        """Marker file: ``node``'s fake GPU fault survives a lab reboot (the RMA path)."""
+        return self.lay.dir / "nvml" / f"{node}.survives-reboot"
+
+    def sticky_fault(self, node: str, on: bool) -> None:
+        """Make ``node``'s fake GPU faults survive (``on``) or not survive a lab reboot."""
+        check_lab_dir(self.lay.dir)
+        if on:
+            write_file(self.sticky_path(node), "the fake GPU fault survives a reboot\n")
+        else:
+            try:
+                os.unlink(self.sticky_path(node))
+            except FileNotFoundError:
+                pass
+
+    #: The lines :meth:`health_check` adds to slurm.conf: slurmd runs the program at start (after a
+    #: reboot, before it registers) only with an interval > 0; 65535 s (the most 22.05 accepts)
+    #: keeps it to that start.
+    HEALTH_CHECK_LINES = ("HealthCheckProgram={dir}/health-check", "HealthCheckInterval=65535")
+
+    def health_check(self, on: bool) -> None:
+        """Add (``on``) or remove ``slurm-ft health --act`` as the lab's HealthCheckProgram and
+        ``scontrol reconfigure``. Off by default: lab tests that restart a slurmd do not expect it."""
+        check_lab_dir(self.lay.dir)
+        want = [ln.format(dir=self.lay.dir) for ln in self.HEALTH_CHECK_LINES]
+        lines = [ln for ln in self.lay.slurm_conf.read_text().splitlines() if ln not in want]
+        write_file(self.lay.slurm_conf, "\n".join(lines + (want if on else [])) + "\n")
+        subprocess.run([f"{BIN}/scontrol", "reconfigure"], capture_output=True, timeout=30, env=self._slurm_env(),
+                       check=False)
+
+    def private_data(self, flags: str | None) -> None:
+        """Set Slurm's ``PrivateData=flags`` (e.g. ``"jobs"``) in the lab's slurm.conf, or remove the
+        line (None: Slurm's default, ``none``), and ``scontrol reconfigure``. Off by default; a test
+        that sets it removes it in a ``finally``, and ``up`` restarts a lab left with it
+        (:meth:`hook_leftovers`). The history service reads PrivateData every ``ACCESS_TTL_S``:
+        restart the daemon (:meth:`daemon_start`) for it to see the change at once. Raises
+        :class:`LabError` for flags other than letters and commas, or a failed reconfigure."""
+        if flags is not None and not all(f.isalpha() for f in flags.split(",")):
+            raise LabError(f"PrivateData={flags!r}: expected flags like jobs,usage")
+        check_lab_dir(self.lay.dir)
+        lines = [ln for ln in self.lay.slurm_conf.read_text().splitlines() if not ln.startswith("PrivateData=")]
+        write_file(self.lay.slurm_conf, "\n".join(lines + ([f"PrivateData={flags}"] if flags else [])) + "\n")
+        proc = subprocess.run([f"{BIN}/scontrol", "reconfigure"], capture_output=True, text=True, timeout=30,
+                              env=self._slurm_env(), check=False)
+        if proc.returncode != 0:
+            raise LabError(f"scontrol reconfigure failed: {proc.stderr.strip() or proc.stdout.strip()}")
+
+    #: slurm.conf settings only a test hook adds (:meth:`private_data`, :meth:`health_check`).
+    HOOK_SETTINGS = ("PrivateData=", "HealthCheckProgram=", "HealthCheckInterval=")
+
+    def hook_leftovers(self) -> list[str]:
+        """Lines of the lab's slurm.conf that a test hook added and did not take back (its test was
+        killed before its ``finally``); ``slurm.conf.local`` lines do not count."""
+        local = self.lay.dir / "slurm.conf.local"
+        try:
+            keep = {ln.strip() for ln in local.read_text().splitlines()} if not local.is_symlink() else set()
+        except OSError:
+            keep = set()
+        try:
+            lines = self.lay.slurm_conf.read_text().splitlines()
+        except OSError:
+            return []
+        return [ln for ln in lines if ln.startswith(self.HOOK_SETTINGS) and ln.strip() not in keep]
+
+    # controller crashes (issue 20) ---------------------------------------------------------
+    @property
+    def snapshot_dir(self) -> Path:
+        """Where :meth:`snapshot_ctld` keeps copies of slurmctld's StateSaveLocation."""
+        return self.lay.dir / "ctld-snapshots"
+
+    def snapshot_ctld(self) -> Path:
+        """Copy slurmctld's StateSaveLocation (``<lab>/state``) as it is now to
+        ``<lab>/ctld-snapshots/<epoch ns>`` (the newest :data:`SNAPSHOTS_KEPT` are kept), for a later
+        ``restart_ctld(lose_state_s=...)``. Returns the snapshot's directory."""
+        check_lab_dir(self.lay.dir)
+        _make_dir(self.snapshot_dir, 0o700)
+        dest = self.snapshot_dir / str(time.time_ns())
+        shutil.copytree(self.lay.dir / "state", dest, symlinks=True)
+        for old in sorted(self._snapshots())[:-SNAPSHOTS_KEPT]:
+            shutil.rmtree(self.snapshot_dir / str(old), ignore_errors=True)
+        return dest
+
+    def _snapshots(self) -> list[int]:
+        """Snapshot times (epoch ns) of this lab incarnation (taken after its ``lab up``)."""
+        since = self._read_state().get("started_at", 0) * 1e9
+        try:
+            names = os.listdir(self.snapshot_dir)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit() and int(n) >= since)
+
+    def restart_ctld(self, lose_state_s: float | None = None, log=print) -> float:
+        """Crash and restart slurmctld alone: ``kill -9``, then (with ``lose_state_s``) put back
+        StateSaveLocation as it was ``lose_state_s`` seconds ago (the newest :meth:`snapshot_ctld`
+        at least that old), the way a crash that lost its last writes leaves it; start it with the
+        same arguments as ``lab up`` and wait until ``scontrol ping`` answers. slurmd, slurmdbd and
+        the jobs' processes keep running. Returns when slurmctld answered (epoch seconds).
+        Raises :class:`LabError` (no such snapshot, slurmctld not coming back: its log tail)."""
+        state = self._trusted_state()
+        snap = None
+        if lose_state_s is not None:
+            limit = (time.time() - lose_state_s) * 1e9
+            older = [t for t in self._snapshots() if t <= limit]
+            if not older:
+                raise LabError(f"no snapshot of slurmctld's state {lose_state_s:g} s old in {self.snapshot_dir}: "
+                               f"take one first with `slurm-ft lab snapshot-ctld`")
+            snap = self.snapshot_dir / str(older[-1])
+        for p in state.get("procs", []):
+            if p["name"] == "slurmctld" and _alive(p):
+                os.kill(p["pid"], signal.SIGKILL)
+                while _alive(p):
+                    _reap(p["pid"])
+                    time.sleep(0.01)
+        if snap is not None:
+            target = self.lay.dir / "state"
+            shutil.rmtree(target)
+            shutil.copytree(snap, target, symlinks=True)
+            log(f"slurmctld state put back as it was {(time.time_ns() - int(snap.name)) / 1e9:.1f} s ago")
+        self._wait(lambda: _port_free(self.lay.ctld_port), 30, "slurmctld port", self.lay.log("slurmctld"))
+        ctld = _spawn("slurmctld", [f"{SBIN}/slurmctld", "-D", "-i", "-f", str(self.lay.slurm_conf)],
+                      self.lay.log("slurmctld.stdout"), self._slurm_env())
+        state["procs"] = [p for p in state.get("procs", []) if p["name"] != "slurmctld"] + [ctld.as_dict()]
+        self._write_state(state)
+        self._wait(self._ping, 60, "slurmctld", self.lay.log("slurmctld"))
+        log("slurmctld restarted")
+        return time.time()
 
     def _record(self, state: dict, started: list[Proc]) -> None:
         state["procs"] = [p.as_dict() for p in started]
@@ -492,6 +643,12 @@ class Lab:
         _make_dir(d / "events", 0o700)
         write_file(d / "ctld-event", f"#!/bin/sh\nSLURM_FT_EVENTS_DIR={d}/events exec "
                                      f"{self.repo}/contrib/slurm-ft-ctld-event\n", 0o755)
+        write_file(d / "reboot-node", f"#!/bin/sh\n# the lab's RebootProgram (slurmd runs it as root)\n"
+                                      f"exec {sys.executable} -m slurm_ft.lab.reboot --dir {d}\n", 0o755)
+        write_file(d / "health-check", f"#!/bin/sh\n# the lab's HealthCheckProgram (slurmd, root; SLURMD_NODENAME "
+                                       f"set by slurmd): Lab.health_check(True)\nSLURM_CONF={self.lay.slurm_conf} "
+                                       f"SLURM_FT_CONFIG={self.lay.ft_conf} PATH={SAFE_PATH} exec {sys.executable} "
+                                       f"-m slurm_ft.cli health --act\n", 0o755)
         _make_dir(d / "jobs", 0o1777)  # every lab user's job output; sticky: nobody replaces another's
         for n in nodes:
             _make_dir(d / "spool" / n)

@@ -9,6 +9,7 @@ COMPLETED; print ``ft-history``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -27,6 +28,22 @@ class Submitted:
     job_id: int
     out: Path
     ckpt: Path
+    #: Bytes already in ``out`` when the job was submitted. Slurm hands a job id out again after a
+    #: slurmctld state loss, and an ft job's output is appended (``--open-mode=append``) to the
+    #: ``%j.out`` of the earlier job with that id: those bytes (its ``attempt 0 on`` line
+    #: included) are not this job's.
+    out_from: int = 0
+
+    def output(self) -> str:
+        """This job's own output so far ('' before it wrote any). A file shorter than
+        :attr:`out_from` was truncated (a job without ``--open-mode=append``): all of it is ours."""
+        try:
+            with open(self.out, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size >= self.out_from:
+                    fh.seek(self.out_from)
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
 
 
 def submit_training(lab: Lab, *, steps: int = 60, step_time: float = 0.25, extra: list[str] = (),
@@ -43,7 +60,12 @@ def submit_training(lab: Lab, *, steps: int = 60, step_time: float = 0.25, extra
     if proc.returncode != 0:
         raise LabError(f"sbatch failed: {proc.stderr.strip()}")
     job_id = int(proc.stdout.strip().split(";")[0])
-    return Submitted(job_id, jobs / f"{job_id}.out", ckpt)
+    out = jobs / f"{job_id}.out"
+    try:  # read before the job can write (it is scheduled, then its prolog runs, first)
+        out_from = out.stat().st_size
+    except OSError:
+        out_from = 0
+    return Submitted(job_id, out, ckpt, out_from)
 
 
 def wait_started(slurm: Slurm, sub: Submitted, attempt: int = 0, timeout_s: float = 60):
@@ -53,11 +75,9 @@ def wait_started(slurm: Slurm, sub: Submitted, attempt: int = 0, timeout_s: floa
         job = slurm.job(sub.job_id)
         if job is None or job.state != "RUNNING" or job.restart_count != attempt:
             return None
-        try:
-            text = sub.out.read_text(errors="replace")
-        except OSError:
-            return None
-        return job if f"attempt {attempt} on" in text else None
+        text = sub.output()   # never an earlier job's with the same id (Submitted.out_from)
+        # the trainer's own line (a line of its own: slurm-ft's marker "slurm-ft: attempt N on" is not it)
+        return job if re.search(rf"^attempt {attempt} on", text, re.M) else None
     return wait_for(started, timeout_s, f"job {sub.job_id} attempt {attempt} to start")
 
 

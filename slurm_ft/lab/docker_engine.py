@@ -1,16 +1,17 @@
-"""The Docker lab: a controller container and N compute containers, Slurm 22.05 or 24.11.
+"""The Docker lab: a controller container and N compute containers, Slurm 22.05, 24.11 or 26.05.
 
 One job: images, the network and containers, driven through the ``docker`` SDK (never the docker
 CLI). ``slurm-ft lab up --engine docker --slurm 24.11`` and the ``docker``-marked tests use it.
 
 Images are built offline from Debian's packages (no registry is needed): ``debootstrap`` of the
-suite that ships the Slurm version (bookworm: 22.05, trixie: 24.11) is imported as a *base* image,
-then a thin layer adds a venv with slurm-ft's runtime dependencies (wheels downloaded on the host
-for the image's Python, installed with ``--no-index``) and the SPANK plugin compiled against that
-image's ``libslurm-dev``. Both are tagged with a hash of their inputs and reused while it matches;
-slurm-ft's own code is not in the image: each ``up`` copies a snapshot of it (``slurm_ft/``,
-prolog, epilog, contrib, examples) into ``DIR/code``, mounted read-only at ``/opt/slurm-ft/src``
-(a ``.pth`` file in the venv points there), so a code change needs no rebuild.
+suite that ships the Slurm version (bookworm: 22.05, trixie: 24.11, forky: 26.05) is imported as a
+*base* image (plain Debian Slurm, no slurm-ft), then a thin layer installs slurm-ft as an admin does: the
+release's ``.deb`` (``packaging/deb/build.py``, ``cached_deb``: built from the checkout, offline,
+in that same base image) with ``apt-get install``, then ``slurm-ft install --only wrappers --only
+ctld_event``, and compiles the SPANK plugin against the image's ``libslurm-dev``. Both are
+tagged with a hash of their inputs (the layer's: the package's source digest) and reused while
+it matches, so a change to slurm-ft's code builds a new package and layer (measured in
+docs/lab.md).
 
 Containers (``sftlab-<ver>-ctl``, ``sftlab-<ver>-n1``...) sit on their own bridge network with a
 fixed subnet and fixed addresses, and do not share a filesystem, except:
@@ -18,16 +19,19 @@ fixed subnet and fixed addresses, and do not share a filesystem, except:
 * ``/shared`` (``DIR/shared``): job output and checkpoints, as a site's shared file system;
 * ``/lab`` (``DIR/<container>``): that container's own logs, spool, journals and fake NVML
   inventory, private to it (a host directory only so that tests can read it);
-* ``/etc/slurm-lab`` (``DIR/conf``, read-only) and ``/opt/slurm-ft/src`` (``DIR/code``,
-  read-only): configuration and software, as a site distributes them to every node.
+* ``/etc/slurm-lab`` (``DIR/conf``, read-only): configuration, as a site distributes it to every
+  node (the software is in the image, from the package).
 
 The munge key is made at ``up`` and copied into each container before it starts
 (``put_archive``). Faults are real: :meth:`DockerLab.kill_node` (``docker kill``: the node and its
 jobs die), :meth:`DockerLab.pause_node` (a hung node), :meth:`DockerLab.partition_node` (network
 cut: slurmd unreachable while the job keeps running and writing to ``/shared``),
-:meth:`DockerLab.restart_node` (reboot). All containers share the host's kernel, so
+:meth:`DockerLab.restart_node` (reboot). ``scontrol reboot NODE`` really restarts the node's
+container (slurm.conf's ``RebootProgram``, :data:`REBOOT_NODE`; the container's restart policy
+and entry, :func:`rebooted_sh`), and ``slurm-ft health --act`` is the ``HealthCheckProgram``
+(issue 26's break-fix remediation). All containers share the host's kernel, so
 :meth:`DockerLab.inject_xid` writes to the host's ``/dev/kmsg`` with the docker lab's own PCI
-domain (:func:`bus_id`: ``0x00D0``/``0x00D4``, never a native lab's ``0000``-``0003``).
+domain (:func:`bus_id`: ``0x00D0``/``0x00D4``/``0x00D8``, never a native lab's ``0000``-``0003``).
 """
 
 from __future__ import annotations
@@ -43,17 +47,21 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LabError, SlurmCommandError
 from ..slurm import SAFE_PATH, Slurm
 from . import layout as L
+from .demo import Submitted
 
 #: Slurm version -> (Debian suite, the suite's Python, lab number: network 172.31.24N.0/24 and PCI domain).
-VERSIONS = {"22.05": ("bookworm", "3.11", 0), "24.11": ("trixie", "3.13", 1)}
+#: forky is Debian testing (Slurm 26.05.5 and Python 3.14 when added; docs/lab.md).
+VERSIONS = {"22.05": ("bookworm", "3.11", 0), "24.11": ("trixie", "3.13", 1), "26.05": ("forky", "3.14", 2)}
 DEFAULT_VERSION = "24.11"
 MIRROR = "http://deb.debian.org/debian"
+#: debootstrap's suite scripts; a Debian suite newer than the host's debootstrap (bookworm's has no
+#: ``forky``) uses ``sid``'s, as debootstrap's own scripts for every suite since bullseye are links to it.
+DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 #: Debian packages of the base image (debootstrap --variant=minbase --include=...).
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "libslurm-dev", "gcc", "libc6-dev", "make",
             "python3", "python3-venv", "procps", "iproute2", "lua5.1")
@@ -62,16 +70,38 @@ DEFAULT_NODES = 3
 IMAGE_REPO = "slurm-ft-lab"
 #: Where things are inside the containers.
 CONF = "/etc/slurm-lab"
-SRC = "/opt/slurm-ft/src"
 VENV = "/opt/slurm-ft/venv"
-SPANK_SO = "/opt/slurm-ft/lib/slurm_ft_spank.so"
+#: What the package and ``slurm-ft install`` put in the image.
+LIBEXEC = "/usr/local/libexec/slurm-ft"
+EXAMPLES = f"{VENV}/share/slurm-ft/examples"
+SPANK_SO = "/usr/local/lib/slurm-ft/slurm_ft_spank.so"
 PRIVATE = "/lab"
+#: The controller containers of ``up(controllers=N)`` (``SlurmctldHost`` order: primary, backup).
+CONTROLLERS = ("ctl", "ctl2")
+#: StateSaveLocation of a lab with a backup controller: ``DIR/ctld-state``, mounted in both
+#: controller containers (Slurm requires it shared; a site uses shared storage).
+CTLD_STATE = "/ctld-state"
+#: SlurmctldTimeout (s) of a lab with a backup controller: the backup takes over ~this long after
+#: the primary stops (Slurm's default is 120 s; its heartbeat then beats every 6 // 4 = 1 s).
+CTLD_TIMEOUT_S = 6
 #: Capabilities beyond Docker's default set (not ``--privileged``: some hosts withhold
 #: CAP_SYS_RESOURCE, and runc then refuses a privileged container). SYSLOG: read /dev/kmsg;
 #: SYS_PTRACE: /proc of other users' processes (checkpoint delivery); SYS_ADMIN, NET_ADMIN, SYS_NICE,
 #: IPC_LOCK: what slurmd/slurmstepd use.
 CAPS = ("SYSLOG", "SYS_PTRACE", "SYS_ADMIN", "NET_ADMIN", "SYS_NICE", "IPC_LOCK")
 SHARED = "/shared"
+#: Restart policy of the node containers: ended by a signal (the RebootProgram's power cut, exit
+#: 137) Docker starts them again; ``docker kill`` (:meth:`DockerLab.kill_node`) and ``docker stop``
+#: mark a container stopped by hand, which Docker never restarts (moby's ``killWithSignal`` cancels
+#: the restart manager; tests/test_docker_lab.py ``test_lost_node_fails_over[kill]`` asserts it).
+NODE_RESTART_POLICY = {"Name": "on-failure", "MaximumRetryCount": 0}
+#: Marker the RebootProgram leaves in a node's own ``/lab``: the container's next start is a reboot.
+REBOOT_MARKER = f"{PRIVATE}/reboot-requested"
+#: What the Docker lab adds to slurm.conf for issue 26 (as the native lab's ``Lab.health_check``,
+#: but always on: a site that remediates runs it at every slurmd start): slurmd runs the program
+#: when it starts (after a reboot, before it registers) only with an interval > 0; 65535 s (the
+#: most 22.05 accepts) keeps it to that start.
+HEALTH_CHECK_LINES = (f"HealthCheckProgram={CONF}/health-check", "HealthCheckInterval=65535")
 
 
 def version_or_default(version: str | None) -> str:
@@ -85,8 +115,8 @@ def version_or_default(version: str | None) -> str:
 
 def bus_id(version: str, node_no: int, gpu: int) -> str:
     """NVML-style PCI bus id of GPU ``gpu`` of Docker-lab node ``n{node_no}``: PCI domain
-    ``0x00D0`` (22.05) or ``0x00D4`` (24.11) plus ``node_no // 16``, so that no line injected for
-    one lab is ever attributed to a node of another (native labs use domains 0000-0003)."""
+    ``0x00D0`` (22.05), ``0x00D4`` (24.11) or ``0x00D8`` (26.05) plus ``node_no // 16``, so that no
+    line injected for one lab is ever attributed to a node of another (native labs use domains 0000-0003)."""
     domain = 0xD0 + 4 * VERSIONS[version][2] + node_no // 16
     return f"{domain:08X}:{(node_no % 16) * 16 + gpu:02X}:00.0"
 
@@ -195,28 +225,39 @@ def base_tag(version: str) -> str:
     return f"{IMAGE_REPO}:{version}-base-{_digest(suite, MIRROR, *PACKAGES)}"
 
 
-def _spank_source(repo: Path) -> Path:
-    return repo / "slurm_ft" / "data" / "spank"
+def deb_builder(repo: Path | None = None):
+    """``packaging/deb/build.py`` of the checkout, as a module (the package build; not part of
+    the installed ``slurm_ft``: the lab runs from a checkout)."""
+    import importlib.util
+    path = (repo or L.repo_root()) / "packaging" / "deb" / "build.py"
+    name = "slurm_ft_deb_build"
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or not path.is_file():
+        raise LabError(f"{path} is missing: the Docker lab installs slurm-ft from the package it builds")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def image_tag(version: str, repo: Path | None = None) -> str:
-    """Tag of the lab image: a hash of the base tag, the runtime requirements and the SPANK
-    plugin's source and Makefile (slurm-ft's Python code is not in the image)."""
+    """Tag of the lab image: a hash of the base tag, the package's source digest (slurm-ft's
+    code, setup.cfg, the packaging: ``build.py`` ``source_digest``) and the layer."""
     repo = repo or L.repo_root()
-    spank = _spank_source(repo)
-    return (f"{IMAGE_REPO}:{version}-"
-            f"{_digest(base_tag(version), *runtime_requirements(repo), (spank / 'slurm_ft_spank.c').read_bytes(), (spank / 'Makefile').read_bytes(), _LAYER)}")
+    return f"{IMAGE_REPO}:{version}-{_digest(base_tag(version), deb_builder(repo).source_digest(repo), _LAYER)}"
 
 
-_LAYER = f"""FROM {{base}}
-COPY wheels /tmp/wheels
-COPY spank /tmp/spank
-RUN python3 -m venv {VENV} \\
- && {VENV}/bin/pip install -q --no-index --find-links /tmp/wheels -r /tmp/wheels/requirements.txt \\
- && echo {SRC} > "$({VENV}/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/slurm-ft-src.pth" \\
- && make -s -C /tmp/spank \\
- && install -D -m 0755 /tmp/spank/slurm_ft_spank.so {SPANK_SO} \\
- && rm -rf /tmp/wheels /tmp/spank
+#: The lab layer: the package as an admin installs it (apt-get, offline: its dependencies are in
+#: the base image), then what ``slurm-ft install`` writes from it (wrappers, ctld hook, the SPANK
+#: plugin's source: built and installed as docs/install.md step 4 does, at :data:`SPANK_SO`).
+_LAYER = """FROM {base}
+COPY slurm-ft.deb /tmp/slurm-ft.deb
+RUN apt-get install -y -q --no-install-recommends /tmp/slurm-ft.deb >/dev/null \\
+ && slurm-ft install --only wrappers --only ctld_event --only spank --slurm-user root >/dev/null \\
+ && make -s -C /usr/local/src/slurm-ft/spank install \\
+ && rm -f /tmp/slurm-ft.deb
 """
 
 
@@ -237,6 +278,17 @@ def _image_exists(client, tag: str) -> bool:
         return False
 
 
+def debootstrap_script(suite: str, scripts: Path = DEBOOTSTRAP_SCRIPTS) -> list[str]:
+    """debootstrap's SCRIPT argument for ``suite``: none when the host's debootstrap knows the
+    suite, else its ``sid`` script (Debian testing and unstable share it). Raises
+    :class:`LabError` when neither exists (debootstrap missing: ``make setup``)."""
+    if (scripts / suite).exists():
+        return []
+    if (scripts / "sid").exists():
+        return [str(scripts / "sid")]
+    raise LabError(f"debootstrap has no script for {suite} nor sid in {scripts}: install debootstrap (make setup)")
+
+
 def build_base(client, version: str, log=print) -> str:
     """The debootstrap base image for ``version`` (built once: ~1-2 min, then cached). Returns its tag."""
     tag = base_tag(version)
@@ -249,7 +301,7 @@ def build_base(client, version: str, log=print) -> str:
     t0 = time.monotonic()
     log(f"docker lab: debootstrap {suite} (Slurm {version}) into {root}")
     proc = subprocess.run(["/usr/sbin/debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-                           suite, str(root), MIRROR], capture_output=True, text=True,
+                           suite, str(root), MIRROR, *debootstrap_script(suite)], capture_output=True, text=True,
                           env={"PATH": SAFE_PATH, "LC_ALL": "C"}, timeout=1800)
     if proc.returncode != 0:
         raise LabError(f"debootstrap {suite} failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
@@ -287,8 +339,8 @@ def download_wheels(version: str, dest: Path, repo: Path | None = None) -> None:
 
 
 def build_image(version: str, log=print, client=None) -> str:
-    """The lab image for Slurm ``version`` (base + venv + SPANK plugin), built if its tag is
-    missing, else reused. Returns the tag. Raises :class:`LabError` when a step fails."""
+    """The lab image for Slurm ``version`` (base + slurm-ft's .deb + SPANK plugin), built if its
+    tag is missing, else reused. Returns the tag. Raises :class:`LabError` when a step fails."""
     version = version_or_default(version)
     client = client or _client()
     repo = L.repo_root()
@@ -302,11 +354,12 @@ def build_image(version: str, log=print, client=None) -> str:
     ctx = _cache_dir() / f"ctx-{version}"
     shutil.rmtree(ctx, ignore_errors=True)
     ctx.mkdir()
-    download_wheels(version, ctx / "wheels", repo)
-    spank = ctx / "spank"
-    spank.mkdir()
-    for name in ("slurm_ft_spank.c", "Makefile"):
-        shutil.copyfile(_spank_source(repo) / name, spank / name)
+    deb = deb_builder(repo)
+    try:
+        pkg = deb.cached_deb(deb.release_for_slurm(version), client=client, log=log, repo=repo)
+    except deb.PackagingError as exc:
+        raise LabError(str(exc)) from None
+    shutil.copyfile(pkg, ctx / "slurm-ft.deb")
     (ctx / "Dockerfile").write_text(_LAYER.format(base=base))
     try:
         client.images.build(path=str(ctx), tag=tag, rm=True, forcerm=True, network_mode="none")
@@ -317,21 +370,38 @@ def build_image(version: str, log=print, client=None) -> str:
     shutil.rmtree(ctx, ignore_errors=True)
     _timed(log, f"layer {tag}", t1)
     _timed(log, f"image for Slurm {version}", t0)
+    _prune_layers(client, version, tag)
     return tag
 
 
+def _prune_layers(client, version: str, keep: str) -> None:
+    """Remove this version's older lab layers (each code change makes one; the base stays). A
+    layer a container still uses is refused by dockerd and left."""
+    import docker
+    for image in client.images.list(name=IMAGE_REPO):
+        for t in image.tags:
+            if t.startswith(f"{IMAGE_REPO}:{version}-") and not t.startswith(f"{IMAGE_REPO}:{version}-base-") \
+                    and t != keep:
+                try:
+                    client.images.remove(t)
+                except docker.errors.APIError:
+                    pass
+
+
 # ------------------------------------------------------------------------------------ config
-def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str]) -> str:
+def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str], controllers=("ctl",)) -> str:
     """slurm.conf of the Docker lab (controller ``ctl``, nodes with fixed addresses ``ip``), the
-    same for 22.05 and 24.11: both parse ``CredType=cred/munge`` and the old ``CryptoType`` name
-    (22.05 reports ``CredType = cred/munge`` either way; measured in both images)."""
+    same for 22.05, 24.11 and 26.05: all parse ``CredType=cred/munge`` and the old ``CryptoType``
+    name (22.05 reports ``CredType = cred/munge`` either way; measured in the images)."""
     lines = [
         "# Written by `slurm-ft lab up --engine docker`.",
         f"ClusterName=sftlab{version.replace('.', '')}",
-        f"SlurmctldHost=ctl({ip['ctl']})",
+        *(f"SlurmctldHost={c}({ip[c]})" for c in controllers),   # primary first, then backups
+        *((f"SlurmctldTimeout={CTLD_TIMEOUT_S}",) if len(controllers) > 1 else ()),
         "SlurmUser=root", "SlurmdUser=root",
         "AuthType=auth/munge", "CredType=cred/munge",
-        f"StateSaveLocation={PRIVATE}/state", f"SlurmdSpoolDir={PRIVATE}/spool",
+        f"StateSaveLocation={PRIVATE}/state" if len(controllers) == 1 else f"StateSaveLocation={CTLD_STATE}",
+        f"SlurmdSpoolDir={PRIVATE}/spool",
         f"SlurmctldPidFile={PRIVATE}/run/slurmctld.pid", f"SlurmdPidFile={PRIVATE}/run/slurmd.pid",
         f"SlurmctldLogFile={PRIVATE}/log/slurmctld.log", f"SlurmdLogFile={PRIVATE}/log/slurmd.log",
         "SlurmctldDebug=info", "SlurmdDebug=info",
@@ -344,10 +414,13 @@ def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str]) -> str
         "SlurmdParameters=config_overrides",  # 4 CPUs per node on a 2-core host
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
         "GresTypes=gpu",
-        f"Prolog={SRC}/prolog/slurm-ft-prolog", f"Epilog={SRC}/epilog/slurm-ft-epilog",
-        "PrologFlags=Alloc", "PrologEpilogTimeout=60",
+        f"Prolog={LIBEXEC}/slurm-ft-prolog", f"Epilog={LIBEXEC}/slurm-ft-epilog",
+        "PrologFlags=Alloc,NoHold", "PrologEpilogTimeout=60",   # as docs/install.md (issue 24: per-job cost)
         f"PrologSlurmctld={CONF}/ctld-event", f"EpilogSlurmctld={CONF}/ctld-event",
         f"PlugStackConfig={CONF}/plugstack.conf", "CliFilterPlugins=lua", "JobSubmitPlugins=lua",
+        # `scontrol reboot` restarts the node's container (REBOOT_NODE); `slurm-ft health --act` at
+        # each slurmd start resumes a repaired node (issue 26, slurm_ft/remediate)
+        f"RebootProgram={CONF}/reboot-node", *HEALTH_CHECK_LINES,
     ]
     for n in nodes:
         lines.append(f"NodeName={n} NodeHostname={n} NodeAddr={ip[n]} CPUs=4 RealMemory=4000 "
@@ -362,8 +435,61 @@ def render_ft_conf(nodes: int) -> str:
     return ft_conf_text("Docker lab (written by `slurm-ft lab up --engine docker`)", PRIVATE, nodes)
 
 
+def rebooted_sh(root: str = PRIVATE) -> str:
+    """The entry's boot step of a node (``$role``): if the RebootProgram left its marker
+    (``ROOT/reboot-requested``), this start is a reboot: the marker goes, the fake GPU inventory
+    comes back as at power-on (``ROOT/nvml/$role.at-boot.json``, written by ``up``) unless the
+    fault survives reboots (``ROOT/nvml/$role.survives-reboot``: :meth:`DockerLab.sticky_fault`),
+    a line goes to ``ROOT/log/reboot.log``, and ``$boot`` is ``-b`` (slurmd reports the node
+    rebooted, which completes Slurm's ``scontrol reboot``: the host's kernel, whose uptime slurmd
+    reads, did not reboot); else ``$boot`` is empty. Never fails (under ``set -e``, a failed
+    start would make Docker restart the container again and again)."""
+    return f"""boot=
+if [ -e {root}/reboot-requested ]; then
+    rm -f {root}/reboot-requested
+    if [ -e {root}/nvml/$role.survives-reboot ]; then
+        gpus="left faulty (fault survives reboot)"
+    elif cp {root}/nvml/$role.at-boot.json {root}/nvml/.inventory-boot.tmp \\
+            && mv -f {root}/nvml/.inventory-boot.tmp {root}/nvml/$role.json; then
+        gpus=healed
+    else
+        gpus="left as they were (no $role.at-boot.json)"
+    fi
+    echo "$(date -u +%FT%T) lab reboot of $role: container restarted, GPUs $gpus" >>{root}/log/reboot.log
+    boot=-b
+fi
+"""
+
+
+#: The Docker lab's ``RebootProgram`` (slurmd runs it as root, in the node's container; Slurm 22.05
+#: gives it no argument): leave :data:`REBOOT_MARKER`, then, from a detached child once slurmd has
+#: had time to answer the reboot RPC, cut the power: SIGKILL to docker-init's children (slurmd,
+#: munged). docker-init then exits 137 (128 + SIGKILL), the container stops, and Docker starts it
+#: again by :data:`NODE_RESTART_POLICY`; the entry sees the marker (:func:`rebooted_sh`). Refuses to
+#: run anywhere PID 1 is not docker-init (the host, a native lab).
+REBOOT_NODE = f"""#!/bin/sh
+# The Docker lab's RebootProgram (written by `slurm-ft lab up --engine docker`).
+set -u
+case "$(tr '\\0' ' ' </proc/1/cmdline)" in
+    */docker-init\\ *) ;;
+    *) echo "reboot-node: PID 1 is not docker-init: not in a lab node container" >&2; exit 1 ;;
+esac
+date -u +%FT%T >{REBOOT_MARKER}
+echo "$(date -u +%FT%T) lab reboot of $(hostname): requested, power cut in 0.5 s" >>{PRIVATE}/log/reboot.log
+setsid sh -c 'sleep 0.5; exec pkill -KILL -P 1' </dev/null >/dev/null 2>&1 &
+exit 0
+"""
+
+#: The Docker lab's ``HealthCheckProgram`` (slurmd, root; ``SLURMD_NODENAME`` set by slurmd).
+HEALTH_CHECK = f"""#!/bin/sh
+# The Docker lab's HealthCheckProgram (written by `slurm-ft lab up --engine docker`).
+SLURM_CONF={CONF}/slurm.conf SLURM_FT_CONFIG={CONF}/slurm-ft.toml PATH={SAFE_PATH} \\
+    exec {VENV}/bin/python -m slurm_ft.cli health --act
+"""
+
 #: Container entry (run by docker-init as PID 1's child): munge with the key copied in, then
-#: slurmctld (``ctl``) or slurmd (a node, with its two fake GPU device files).
+#: slurmctld (``ctl``) or slurmd (a node, with its two fake GPU device files; ``-b`` after a
+#: reboot asked by the RebootProgram: :func:`rebooted_sh`).
 ENTRY = f"""#!/bin/sh
 set -eu
 role=$1
@@ -372,16 +498,16 @@ mkdir -p {PRIVATE}/log {PRIVATE}/run {PRIVATE}/state {PRIVATE}/spool {PRIVATE}/j
 chown munge:munge /etc/munge/munge.key /run/munge
 chmod 0400 /etc/munge/munge.key
 runuser -u munge -- /usr/sbin/munged --force
-if [ "$role" = ctl ]; then
+if [ "$role" = ctl ] || [ "$role" = ctl2 ]; then
     mkdir -p {PRIVATE}/events && chmod 0700 {PRIVATE}/events
     exec /usr/sbin/slurmctld -D -i >>{PRIVATE}/log/slurmctld.stdout 2>&1
 fi
 mkdir -p /dev/lab-gpu
 for g in $(seq 0 {L.GPUS_PER_NODE - 1}); do [ -e /dev/lab-gpu/nvidia$g ] || mknod -m 0666 /dev/lab-gpu/nvidia$g c 1 3; done
-exec /usr/sbin/slurmd -D -N "$role" >>{PRIVATE}/log/slurmd.stdout 2>&1
+{rebooted_sh()}exec /usr/sbin/slurmd $boot -D -N "$role" >>{PRIVATE}/log/slurmd.stdout 2>&1
 """
 
-#: (Re)starts the slurm-ft daemon in ``ctl`` with the code under /opt/slurm-ft/src.
+#: (Re)starts the slurm-ft daemon in ``ctl`` (the package's venv).
 DAEMON = f"""#!/bin/sh
 pidf={PRIVATE}/run/slurm-ft-daemon.pid
 if [ -f $pidf ]; then
@@ -402,14 +528,6 @@ echo $! > $pidf
 
 
 # ------------------------------------------------------------------------------------ the lab
-@dataclass
-class Submitted:
-    """A job submitted to the Docker lab: its id, and its output and checkpoint files as host paths."""
-    job_id: int
-    out: Path
-    ckpt: Path
-
-
 class DockerSlurm(Slurm):
     """A :class:`Slurm` whose commands run inside the lab's controller container (the host's own
     Slurm client may be another version, whose RPCs the lab's slurmctld would refuse)."""
@@ -462,7 +580,9 @@ class DockerLab:
     def ip(self, name: str) -> str:
         """Fixed address of container ``name`` (``ctl``: .10, ``nK``: .10+K) on the lab network."""
         base = self.subnet.rsplit(".", 1)[0]
-        return f"{base}.10" if name == "ctl" else f"{base}.{10 + L.node_number(name)}"
+        if name in CONTROLLERS:   # ctl .10, ctl2 .9
+            return f"{base}.{10 - CONTROLLERS.index(name)}"
+        return f"{base}.{10 + L.node_number(name)}"
 
     def container_name(self, name: str) -> str:
         return f"{self.prefix}-{name}"
@@ -495,8 +615,13 @@ class DockerLab:
         """Host path of node ``node``'s fake NVML inventory."""
         return self.private(node) / "nvml" / f"{node}.json"
 
-    def daemon_journal(self) -> Path:
-        return self.private("ctl") / "journal" / "daemon.db"
+    def at_boot_inventory(self, node: str) -> Path:
+        """Host path of the inventory a reboot of ``node`` puts back (all GPUs healthy)."""
+        return self.private(node) / "nvml" / f"{node}.at-boot.json"
+
+    def daemon_journal(self, controller: str = "ctl") -> Path:
+        """Host path of the daemon journal of ``controller`` (each controller has its own)."""
+        return self.private(controller) / "journal" / "daemon.db"
 
     def node_journal(self, node: str) -> Path:
         return self.private(node) / "journal" / f"node-{node}.db"
@@ -513,9 +638,14 @@ class DockerLab:
     def nodes(self) -> list[str]:
         return self._state().get("nodes", [])
 
-    def slurm(self, timeout_s: float = 10.0) -> DockerSlurm:
-        """A :class:`Slurm` runner whose commands run in the controller container."""
-        return DockerSlurm(self.container("ctl"), timeout_s)
+    def controllers(self) -> list[str]:
+        """The controller containers, primary first (``["ctl"]``, or ``["ctl", "ctl2"]``)."""
+        return self._state().get("controllers", ["ctl"])
+
+    def slurm(self, timeout_s: float = 10.0, on: str = "ctl") -> DockerSlurm:
+        """A :class:`Slurm` runner whose commands run in controller container ``on`` (its Slurm
+        client finds the controller in charge, as on any host)."""
+        return DockerSlurm(self.container(on), timeout_s)
 
     def exec(self, name: str, argv: list[str], *, user: str = "root", env: dict | None = None,
              check: bool = True) -> tuple[int, str]:
@@ -529,7 +659,7 @@ class DockerLab:
         return rc, text
 
     # -- up / down -----------------------------------------------------------------------
-    def up(self, nodes: int = DEFAULT_NODES, daemon: bool = True, log=print) -> dict:
+    def up(self, nodes: int = DEFAULT_NODES, daemon: bool = True, log=print, controllers: int = 1) -> dict:
         """Build (or reuse) the image, then start a fresh lab: network, controller, ``nodes``
         compute containers, the slurm-ft daemon. Idempotent only in the sense that an earlier lab
         of this version is removed first. Returns :meth:`status`. Raises :class:`LabError`."""
@@ -538,13 +668,16 @@ class DockerLab:
             raise LabError("the Docker lab needs root (dockerd, /dev/kmsg)")
         if not 1 <= nodes <= L.MAX_NODES:
             raise LabError(f"--nodes must be 1..{L.MAX_NODES}, got {nodes}")
+        if not 1 <= controllers <= len(CONTROLLERS):
+            raise LabError(f"--controllers must be 1..{len(CONTROLLERS)}, got {controllers}")
+        ctls = list(CONTROLLERS[:controllers])
         t0 = time.monotonic()
         tag = build_image(self.version, log, self.client)
         self.down(log=lambda *_: None)
         t1 = time.monotonic()
         check_lab_dir(self.dir, create=True)
         want = L.node_names(nodes)
-        self._fresh_files(want)
+        self._fresh_files(want, ctls)
         self._network()
         common = dict(image=tag, init=True, cap_add=list(CAPS), devices=["/dev/kmsg:/dev/kmsg:rw"],
                       security_opt=["seccomp=unconfined", "apparmor=unconfined"],
@@ -552,12 +685,12 @@ class DockerLab:
                                    "LC_ALL": "C.UTF-8"},
                       labels={"slurm-ft-lab": self.prefix})
         key = secrets.token_bytes(1024)
-        for name in ["ctl", *want]:
+        for name in [*ctls, *want]:
             self._create(name, key, common)
-        self._wait(lambda: self._ping(), 40, "slurmctld", "ctl", "slurmctld.log")
+        self._wait(lambda: self._ping(), 40, "slurmctld", ctls[-1], "slurmctld.log")
         self._wait(lambda: self._healthy(want), 60, "slurmd", want[0], "slurmd.log")
         state = {"version": self.version, "image": tag, "nodes": want, "started_at": time.time(),
-                 "slurm_version": self.slurm_version()}
+                 "slurm_version": self.slurm_version(), "controllers": ctls}
         (self.dir / "lab.json").write_text(json.dumps(state, indent=1))
         if daemon:
             self.daemon_start()
@@ -565,20 +698,20 @@ class DockerLab:
         log(f"docker lab up: {self.dir} ({time.monotonic() - t0:.1f} s in all)")
         return self.status()
 
-    def _fresh_files(self, nodes: list[str]) -> None:
+    def _fresh_files(self, nodes: list[str], ctls=("ctl",)) -> None:
         from ..nvml import fake as fake_nvml
         from .. import assets
         from ..config import FailoverConfig
-        for sub in ["ctl", *nodes, "conf", "code", "shared"]:
+        for sub in [*CONTROLLERS, "ctld-state", *nodes, "conf", "code", "shared"]:
             shutil.rmtree(self.dir / sub, ignore_errors=True)
-        for sub in ["ctl", *nodes, "conf"]:
+        for sub in [*ctls, *(["ctld-state"] if len(ctls) > 1 else []), *nodes, "conf"]:
             (self.dir / sub).mkdir(mode=0o755)
         self.shared.mkdir(mode=0o755)
         self.jobs_dir.mkdir()
         os.chmod(self.jobs_dir, 0o1777)
         conf = self.dir / "conf"
-        ip = {n: self.ip(n) for n in ["ctl", *nodes]}
-        (conf / "slurm.conf").write_text(render_slurm_conf(self.version, ip, nodes))
+        ip = {n: self.ip(n) for n in [*ctls, *nodes]}
+        (conf / "slurm.conf").write_text(render_slurm_conf(self.version, ip, nodes, ctls))
         last = L.GPUS_PER_NODE - 1
         (conf / "gres.conf").write_text("".join(f"NodeName={n} Name=gpu File=/dev/lab-gpu/nvidia[0-{last}]\n"
                                                 for n in nodes))
@@ -588,19 +721,16 @@ class DockerLab:
         fo = FailoverConfig()
         (conf / "job_submit.lua").write_text(assets.render_job_submit(fo.max_retries, fo.retries))
         for name, text in (("ctld-event", f"#!/bin/sh\nSLURM_FT_EVENTS_DIR={PRIVATE}/events exec "
-                                          f"{SRC}/contrib/slurm-ft-ctld-event\n"),
-                           ("entry", ENTRY), ("daemon", DAEMON)):
+                                          f"{LIBEXEC}/slurm-ft-ctld-event\n"),
+                           ("entry", ENTRY), ("daemon", DAEMON), ("reboot-node", REBOOT_NODE),
+                           ("health-check", HEALTH_CHECK)):
             (conf / name).write_text(text)
             os.chmod(conf / name, 0o755)
-        code = self.dir / "code"
-        repo = L.repo_root()
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        code.mkdir()
-        for sub in ("slurm_ft", "prolog", "epilog", "contrib", "examples"):
-            shutil.copytree(repo / sub, code / sub, ignore=ignore, symlinks=True)
         for n in nodes:
             (self.private(n) / "nvml").mkdir()
             fake_nvml.write_inventory(str(self.inventory(n)), n, inventory_gpus(self.version, n))
+            # what a reboot puts back (the entry's rebooted_sh)
+            fake_nvml.write_inventory(str(self.at_boot_inventory(n)), n, inventory_gpus(self.version, n))
 
     def _network(self):
         import docker
@@ -618,10 +748,12 @@ class DockerLab:
             docker.types.Mount(PRIVATE, str(self.private(name)), type="bind"),
             docker.types.Mount(SHARED, str(self.shared), type="bind"),
             docker.types.Mount(CONF, str(self.dir / "conf"), type="bind", read_only=True),
-            docker.types.Mount(SRC, str(self.dir / "code"), type="bind", read_only=True),
         ]
+        if name in CONTROLLERS and (self.dir / "ctld-state").is_dir():   # a backup controller: shared state
+            mounts.append(docker.types.Mount(CTLD_STATE, str(self.dir / "ctld-state"), type="bind"))
+        extra = {} if name in CONTROLLERS else {"restart_policy": dict(NODE_RESTART_POLICY)}  # a reboot
         c = self.client.containers.create(name=self.container_name(name), hostname=name, mounts=mounts,
-                                          command=[f"{CONF}/entry", name], **common)
+                                          command=[f"{CONF}/entry", name], **common, **extra)
         # the address is fixed (a partitioned node comes back with it): connect by hand
         self.client.networks.get(self.network_name).connect(c, ipv4_address=self.ip(name), aliases=[name])
         try:
@@ -666,12 +798,13 @@ class DockerLab:
         _, out = self.exec("ctl", ["/usr/bin/scontrol", "--version"])
         return out.split()[-1]
 
-    def _ping(self) -> bool:
+    def _ping(self, on: str = "ctl") -> bool:
+        """Every controller answers ``scontrol ping`` (asked from controller container ``on``)."""
         try:
-            rc, out = self.exec("ctl", ["/usr/bin/scontrol", "ping"], check=False)
+            rc, out = self.exec(on, ["/usr/bin/scontrol", "ping"], check=False)
         except Exception:
             return False
-        return rc == 0 and "UP" in out
+        return rc == 0 and "UP" in out and "DOWN" not in out
 
     def _healthy(self, nodes: list[str]) -> bool:
         try:
@@ -695,12 +828,32 @@ class DockerLab:
                        f"{tail(self.log(name, logfile))}")
 
     # -- the daemon ----------------------------------------------------------------------
-    def daemon_start(self) -> None:
-        """(Re)start the slurm-ft daemon in the controller with the current code snapshot."""
-        self.exec("ctl", [f"{CONF}/daemon", "start"])
+    def daemon_start(self, on: str | None = None) -> None:
+        """(Re)start the slurm-ft daemon in controller ``on`` (default: every controller; the
+        image's package). With a backup controller, the daemon whose slurmctld is not in control
+        stands by (slurm_ft.failover.leader)."""
+        for name in [on] if on else self.controllers():
+            self.exec(name, [f"{CONF}/daemon", "start"])
 
-    def daemon_stop(self) -> None:
-        self.exec("ctl", [f"{CONF}/daemon", "stop"])
+    def daemon_stop(self, on: str | None = None) -> None:
+        for name in [on] if on else self.controllers():
+            self.exec(name, [f"{CONF}/daemon", "stop"])
+
+    # -- controller faults (a lab with a backup controller) ---------------------------------
+    def kill_controller(self, name: str = "ctl") -> None:
+        """``docker kill`` controller ``name``: its slurmctld and slurm-ft daemon die at once, as
+        on a power loss (the other controller takes over after SlurmctldTimeout)."""
+        self.container(name).kill()
+
+    def start_controller(self, name: str = "ctl", timeout_s: float = 60.0) -> None:
+        """Start controller ``name`` again (after :meth:`kill_controller`): its slurmctld (a
+        primary takes control back from the backup), then its slurm-ft daemon once every
+        controller answers ``scontrol ping``. Raises :class:`LabError` if it does not come up."""
+        c = self.container(name)
+        if c.status != "running":
+            c.start()
+        self._wait(lambda: self._ping(name), timeout_s, "slurmctld", name, "slurmctld.log")
+        self.daemon_start(name)
 
     # -- faults --------------------------------------------------------------------------
     def kill_node(self, node: str) -> None:
@@ -730,9 +883,35 @@ class DockerLab:
             c.unpause()
         c.restart(timeout=2)
 
+    # reboots (issue 26): the RebootProgram restarts the container (REBOOT_NODE, rebooted_sh) ----
+    def sticky_path(self, node: str) -> Path:
+        """Host path of the marker: ``node``'s fake GPU fault survives a reboot (the RMA path)."""
+        return self.private(node) / "nvml" / f"{node}.survives-reboot"
+
+    def sticky_fault(self, node: str, on: bool) -> None:
+        """Make ``node``'s fake GPU faults survive (``on``) or not survive a reboot (as the native
+        ``Lab.sticky_fault``)."""
+        if on:
+            self.sticky_path(node).write_text("the fake GPU fault survives a reboot\n")
+        else:
+            try:
+                self.sticky_path(node).unlink()
+            except FileNotFoundError:
+                pass
+
+    def boots(self, node: str) -> tuple[str, int]:
+        """``(StartedAt, RestartCount)`` of ``node``'s container: a reboot by the RebootProgram
+        changes the first and grows the second (Docker restarted it by its policy)."""
+        st = self.container(node).attrs
+        return st["State"]["StartedAt"], int(st.get("RestartCount", 0))
+
     def node_back(self, node: str) -> None:
         """Undo any fault on ``node`` (unpause, reconnect, start): used between tests."""
         c = self.container(node)
+        deadline = time.monotonic() + 30
+        while c.status == "restarting" and time.monotonic() < deadline:   # a reboot under way
+            time.sleep(0.3)
+            c.reload()
         if c.status == "paused":
             c.unpause()
         nets = c.attrs.get("NetworkSettings", {}).get("Networks", {}) or {}
@@ -787,10 +966,15 @@ class DockerLab:
         stamp = f"{time.time_ns()}"
         ckpt = f"{SHARED}/jobs/ckpt-{stamp}.json"
         proc = self.sbatch(f"--output={SHARED}/jobs/%j.out", f"--comment={comment}", *extra,
-                           f"{SRC}/examples/train.sbatch", f"{SRC}/examples/train.py", ckpt,
+                           f"{EXAMPLES}/train.sbatch", f"{EXAMPLES}/train.py", ckpt,
                            "--steps", str(steps), "--step-time", str(step_time))
         job_id = int(proc.stdout.strip().split(";")[0])
-        return Submitted(job_id, self.jobs_dir / f"{job_id}.out", self.host_path(ckpt))
+        out = self.jobs_dir / f"{job_id}.out"
+        try:  # what an earlier job of this id left there is not this job's (Submitted.out_from)
+            out_from = out.stat().st_size
+        except OSError:
+            out_from = 0
+        return Submitted(job_id, out, self.host_path(ckpt), out_from)
 
     def reset(self, slurm: Slurm) -> None:
         """Test isolation: cancel live jobs, undo node faults, resume every node, heal every fake GPU."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 from ..errors import HostlistError, LabError
 from ..slurm import split_indices
@@ -34,12 +35,20 @@ def xid_line(bus_id: str, xid: int, pid: int, name: str = "python") -> str:
     return f"NVRM: Xid (PCI:{short}): {xid}, pid={pid}, name={name}, {text}"
 
 
-def job_processes(node: str, gpu: int | None) -> list[tuple[int, str]]:
+def job_processes(node: str, gpu: int | None, conf: str | None = None) -> list[tuple[int, str]]:
     """(pid, job id) of every job process running on lab node ``node`` that holds GPU ``gpu``
-    (any GPU if None), found by their environment (SLURMD_NODENAME, SLURM_JOB_GPUS/SLURM_STEP_GPUS)."""
+    (any GPU if None), found by their environment (SLURMD_NODENAME, SLURM_JOB_GPUS/SLURM_STEP_GPUS).
+    ``conf``: only the jobs of the native lab whose slurm.conf this is (their slurmstepd's
+    SLURM_CONF, slurm_ft.hang.procs, in this host's pid namespace: a Docker lab's jobs are in
+    their container's): labs side by side on one host have the same node names and job ids."""
+    ours = None
+    if conf is not None:
+        from ..hang.procs import scan
+        here = os.readlink("/proc/self/ns/pid")
+        ours = {p.pid for p in scan(conf=conf, node=node) if _pid_ns(p.pid) == here}
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) == os.getpid() or (ours is not None and int(entry) not in ours):
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
@@ -60,16 +69,27 @@ def job_processes(node: str, gpu: int | None) -> list[tuple[int, str]]:
     return found
 
 
-def inject_xid(node: str, xid: int, gpu: int = 0, kill: bool = True) -> dict:
+def _pid_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def inject_xid(node: str, xid: int, gpu: int = 0, kill: bool = True, lab_dir: str | None = None) -> dict:
     """Write the Xid line for ``node``'s GPU ``gpu`` to /dev/kmsg; with ``kill``, SIGKILL the job
-    processes on that GPU (a fatal Xid ends the CUDA contexts on it). Returns what was done."""
+    processes on that GPU (a fatal Xid ends the CUDA contexts on it) of the lab in ``lab_dir``
+    (None: ``$SLURM_FT_LAB_DIR``, else the default lab, as the lab commands choose): never a job
+    of another lab beside it on this host. Returns what was done."""
     if not 0 <= gpu < L.GPUS_PER_NODE:
         raise LabError(f"--gpu must be 0..{L.GPUS_PER_NODE - 1}, got {gpu}")
     try:
         number = L.node_number(node)
     except ValueError:
         raise LabError(f"{node!r} is not a lab node name (n1, n2, ...)") from None
-    return xid_fault(L.bus_id(number, gpu), xid, job_processes(node, gpu) if kill else [])
+    d = Path(os.path.abspath(lab_dir or os.environ.get("SLURM_FT_LAB_DIR") or L.DEFAULT_DIR))
+    conf = str(L.Layout(d.parent.resolve() / d.name).slurm_conf)   # as slurm_ft.lab.cluster.Lab names it
+    return xid_fault(L.bus_id(number, gpu), xid, job_processes(node, gpu, conf) if kill else [])
 
 
 def xid_fault(bus_id: str, xid: int, procs: list[tuple[int, str]]) -> dict:

@@ -37,3 +37,36 @@ def run_as(user: str, argv: list[str], env: dict[str, str], *, cwd: str | None =
     full = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8", **env}
     return subprocess.run(["/usr/sbin/runuser", "-u", user, "--", *argv], capture_output=True, text=True,
                           timeout=timeout_s, env=full, cwd=cwd or os.getcwd())
+
+
+#: The system interpreter every user can run (the lab's venv interpreter may live under root's
+#: home, which an ordinary user cannot enter: "bad interpreter: Permission denied").
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def tool_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus what an ordinary user needs to run this checkout's ``slurm-ft``/``ft-history``
+    with :data:`SYSTEM_PYTHON`: ``PYTHONPATH`` = the checkout and the venv's site-packages (both
+    world-readable; same Python minor version). Raises :class:`LabError` when the system Python
+    cannot use them."""
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    from .layout import repo_root
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True, timeout=30)
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if probe.returncode != 0 or probe.stdout.strip() != mine:
+        raise LabError(f"{SYSTEM_PYTHON} is Python {probe.stdout.strip() or '?'}, the venv's is {mine}: "
+                       f"an ordinary user cannot run this checkout's slurm-ft")
+    return {**env, "PYTHONPATH": f"{repo_root()}:{site}"}
+
+
+def tool_argv(tool: str, *args: str) -> list[str]:
+    """argv running this checkout's ``slurm-ft`` (``tool`` "slurm-ft") or ``ft-history`` with
+    :data:`SYSTEM_PYTHON` (with :func:`tool_env`)."""
+    module = {"slurm-ft": "slurm_ft.cli", "ft-history": "slurm_ft.history"}[tool]
+    return [SYSTEM_PYTHON, "-m", module, *args]

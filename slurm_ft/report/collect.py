@@ -28,7 +28,11 @@ from ..errors import JournalError, SlurmFTError
 from ..failover.policy import HEALTH_RULE
 from ..health.config import CHECK_NAMES
 from ..journal import open_daemon_journal, open_journal
+from ..slurm import parse_gres
+from . import remediation, suspect
 from .ack import acks as report_acks
+from .impact import Impact, impact
+from .suspect import SuspectNode
 from .nodeset import fold, natural_key
 
 CATEGORIES = ("fault", "health", "admin", "slurm")
@@ -137,6 +141,12 @@ class ReportData:
     gpus: list[GpuRow] = field(default_factory=list)
     flap_threshold: int = FLAP_THRESHOLD
     notes: list[str] = field(default_factory=list)
+    impact: Impact = field(default_factory=Impact)   #: what faults cost (report/impact.py)
+    #: nodes that crashed jobs of several users (report/suspect.py), and the verdict rows behind them
+    suspect_nodes: list[SuspectNode] = field(default_factory=list)
+    suspect_rows: list[dict] = field(default_factory=list, repr=False)
+    #: break-fix remediation per node, RMA candidates first (report/remediation.py, [remediate])
+    repairs: list = field(default_factory=list)
 
     # -- counts that add up (templates and JSON use these) --------------------------------
     def out_of_service(self) -> dict[str, list[str]]:
@@ -254,7 +264,15 @@ def _collect(cfg, slurm, since_s: float, node_journals: str | None, flap_thresho
     now = time.time() if now is None else now
     since = now - since_s
     drained = []
-    for n in slurm.nodes():
+    nodes = slurm.nodes()
+    gpus_per_node = {}
+    for n in nodes:
+        try:
+            gres = n.raw.get("gres")
+            gpus_per_node[n.name] = parse_gres(gres if isinstance(gres, str) else None).get("gpu", 0)
+        except SlurmFTError:
+            gpus_per_node[n.name] = 0          # unreadable gres: its GPU-hours are not counted
+    for n in nodes:
         if n.drained or n.state.lower().startswith(("down", "drain", "fail")):
             drained.append(NodeRow(n.name, "+".join([n.state, *n.flags]), n.reason, reason_category(n.reason),
                                    n.reason_set_by_user, n.reason_time or None))
@@ -280,6 +298,9 @@ def _collect(cfg, slurm, since_s: float, node_journals: str | None, flap_thresho
             else:
                 faults.verdict(v)
         acked = report_acks(j)
+        data.suspect_rows += suspect.rows(j, since)
+        data.repairs = remediation.table(remediation.rows(j, since))
+        data.impact = impact(j.db, since, gpus_per_node)
         latched = j.breaker_latched()
         if latched:
             data.notes.append(f"circuit breaker open since {latched}: slurm-ft drains no node until "
@@ -295,6 +316,7 @@ def _collect(cfg, slurm, since_s: float, node_journals: str | None, flap_thresho
     data.drains = sorted(events.values(), key=lambda e: (e.time or 0, natural_key(e.node)), reverse=True)
     data.xids_by_node = dict(faults.xids_by_node)
     _fault_tables(data, faults, flap_threshold, acked)
+    data.suspect_nodes = suspect.table(data.suspect_rows)
     return data
 
 
@@ -366,6 +388,7 @@ def _read_node_journals(pattern: str, since: float, faults: _Faults, data: Repor
                                          "WHERE created >= ?", [since]))
                 for v in _verdicts(nj, since, hardware_only=True):
                     faults.verdict(v)
+                data.suspect_rows += suspect.rows(nj, since)
         except SlurmFTError as exc:
             data.notes.append(str(exc))
         except sqlite3.DatabaseError as exc:

@@ -13,6 +13,8 @@ import time
 
 from ..textsafe import terminal_safe
 from .collect import BY_SLURM_FT, CATEGORIES, LABELS, ReportData
+from .remediation import to_json as remediation_json
+from .suspect import to_json as suspect_json
 
 FORMATS = ("text", "html", "json")
 
@@ -48,7 +50,24 @@ def render(data: ReportData, fmt: str = "html") -> str:
     env.filters["tsafe"] = terminal_safe
     env.filters["counted"] = _counted
     name = "drain_report.html" if fmt == "html" else "drain_report.txt"
-    return env.get_template(name).render(d=data, cats=CATEGORIES, labels=LABELS, counts=_counts(data))
+    return env.get_template(name).render(d=data, cats=CATEGORIES, labels=LABELS, counts=_counts(data),
+                                         charts=_charts(data) if fmt == "html" else {},
+                                         recover=data.impact.percentiles())
+
+
+def _charts(d: ReportData) -> dict:
+    """The inline SVG charts of the HTML report (slurm_ft.report.charts), keyed by name."""
+    from collections import Counter
+
+    from . import charts
+
+    return {
+        "per_day": charts.faults_per_day(d.impact.per_day),
+        "top_nodes": charts.hbars(Counter({n.node: n.faults for n in d.node_faults}),
+                                  "Nodes with the most hardware faults"),
+        "xids": charts.xid_histogram(d.xids_by_node),
+        "gpu_hours": charts.hbars(d.impact.gpu_hours_by_node, "GPU-hours lost per node"),
+    }
 
 
 def _counts(d: ReportData) -> dict:
@@ -100,6 +119,9 @@ def to_json(d: ReportData) -> dict:
                         "last": g.last, "flapping": g.flapping, "acknowledged": g.acknowledged} for g in d.gpus],
         "xids_by_node": {node: {str(x): k for x, k in cnt.items()} for node, cnt in sorted(d.xids_by_node.items())},
         "health_fails": {node: dict(cnt) for node, cnt in sorted(d.health_fails.items())},
+        "suspect_nodes": suspect_json(d.suspect_nodes),
+        "repairs": remediation_json(d.repairs),
         "verdicts": dict(d.verdicts_by_class),
+        "impact": d.impact.to_json(),
         "notes": list(d.notes),
     }

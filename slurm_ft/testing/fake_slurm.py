@@ -165,6 +165,7 @@ class FakeSlurm:
         self.mutations = 0
         self.requeues: dict[tuple[int, int], int] = {}   # (job, attempt) -> requeues of that attempt
         self.requeue_log: list[tuple[int, int, str]] = []  # (job, attempt, "scontrol" | "node_fail")
+        self.retired_requeues: list[tuple[tuple[int, int], int]] = []  # requeues of purged jobs (purge)
         self.mailbox_field = mailbox_field
         self.mailbox_keep = mailbox_keep
         self.events: list[tuple[str, int, int, str]] = []   # (context, job, restart count, nodes)
@@ -172,6 +173,8 @@ class FakeSlurm:
         self.hooks: list[tuple[object, object]] = []     # (match(cmd, args), fn): run once before a call
         self.fault_hits: list[tuple[str, tuple, str]] = []  # calls an injected fault hit
         self.observed: list[list[str]] = []               # writes the observe gate held back
+        self.booted = self.clock() - 3600.0               # slurmctld's start time (BOOT_TIME)
+        self.starts: list[tuple[int, int, float]] = []    # (job, restart count, when): every start, never rolled back
 
     def on(self, match, fn) -> None:
         """Run ``fn()`` (once) just before the next call matching ``match(cmd, args)`` is answered:
@@ -182,9 +185,15 @@ class FakeSlurm:
     def submit(self, *, ft: bool = True, retries: int = 3, requeue: bool = True, user: str = "alice",
                uid: int = 1000, name: str = "train", hold: bool = False, dependency: str = "",
                time_limit_min: int | None = None, exclude=(), required=(), node_count: int = 1,
-               comment: str | None = None, catches_signal: bool = True) -> int:
-        jid = self.next_id
-        self.next_id += 1
+               comment: str | None = None, catches_signal: bool = True, job_id: int | None = None) -> int:
+        """A new job; ``job_id``: that id (handed out again when the id sequence wraps at MaxJobId,
+        or after a state loss), which must be free (the old job purged: :meth:`purge`)."""
+        if job_id is not None:
+            assert job_id not in self.jobs_by_id, f"job id {job_id} is in use"
+            jid = job_id
+        else:
+            jid = self.next_id
+            self.next_id += 1
         if comment is None:
             comment = f"ft:retries={retries},ckpt_signal=USR1,ckpt_wait=60,hang_timeout=0" if ft else "plain"
         admin = f"slurm-ft:submitted {comment.split()[0]}" if comment.startswith("ft:") else ""
@@ -228,6 +237,7 @@ class FakeSlurm:
             job.state, job.reason, job.nodes, job.start = "RUNNING", "None", free[:job.node_count], now
             job.failed_node = ""
             job.end, job.exit_status, job.verdicts = 0.0, 0, {}
+            self.starts.append((job.job_id, job.restart, now))
             self.events.append(("prolog_slurmctld", job.job_id, job.restart, compress_nodes(job.nodes)))
             started.append(job.job_id)
         return started
@@ -334,15 +344,64 @@ class FakeSlurm:
         job = self.jobs_by_id[job_id]
         job.comment = channel.merge(job.comment, channel.Ack(state, job.restart, step, self.clock(), "/ckpt"))
 
+    def purge(self, job_id: int) -> None:
+        """The ended job leaves slurmctld's memory now (MinJobAge passed) and its id may be handed
+        out again (:meth:`submit` with ``job_id``); Slurm's requeue counts of the old job go with
+        it (to ``retired_requeues``: a new job with the id starts its own)."""
+        job = self.jobs_by_id.pop(job_id)
+        assert job.ended and not job.completing, job
+        self.retired_requeues += [(k, n) for k, n in self.requeues.items() if k[0] == job_id]
+        self.requeues = {k: n for k, n in self.requeues.items() if k[0] != job_id}
+        self.requeue_log = [e for e in self.requeue_log if e[0] != job_id]
+
     def forget_old(self) -> None:
         now = self.clock()
         for jid in [j.job_id for j in self.jobs_by_id.values()
                     if j.ended and not j.completing and now - j.end > MIN_JOB_AGE_S]:
             del self.jobs_by_id[jid]
 
-    def restart_ctld(self, down_s: float = 5.0) -> None:
-        """slurmctld restarts: every call fails until it is back; state is kept (StateSaveLocation)."""
+    def restart_ctld(self, down_s: float = 5.0, state: dict | None = None) -> None:
+        """slurmctld restarts: every call fails until it is back, with a new start time
+        (``BOOT_TIME``). Its state is kept (StateSaveLocation), or, with ``state`` (a
+        :meth:`saved_state` taken earlier), rolled back to it, as a crash that lost the last
+        writes does (:meth:`_roll_back`)."""
         self.down_until = self.clock() + down_s
+        self.booted = self.down_until
+        if state is not None:
+            self._roll_back(state)
+
+    def saved_state(self) -> dict:
+        """What slurmctld would have saved in StateSaveLocation now: jobs, nodes (drains, reasons,
+        ``Extra``), and Slurm's own requeue counts (part of the job records)."""
+        import copy
+
+        return copy.deepcopy({"jobs": self.jobs_by_id, "nodes": self.node_recs, "requeues": self.requeues,
+                              "next_prio": self.next_prio})
+
+    def _roll_back(self, state: dict) -> None:
+        """Restore ``state`` (measured on 22.05, issue 20): jobs submitted since are gone (purged;
+        job ids are not handed out again here: that is another rule), drains and mailbox records
+        since are lost, and a job the saved state shows RUNNING whose attempt no longer runs there
+        (it was requeued, ended or moved since) ends ``FAILED`` (``JobLaunchFailure``: slurmd does not
+        know it) with no epilog verdict; the copy started since is killed (it is not in the state)."""
+        import copy
+
+        old = copy.deepcopy(state)
+        for jid, j in old["jobs"].items():
+            cur = self.jobs_by_id.get(jid)
+            if j.state == "RUNNING" and (cur is None or cur.state != "RUNNING" or cur.restart != j.restart
+                                         or cur.nodes != j.nodes):
+                j.state, j.reason, j.end, j.exit_status = "FAILED", "JobLaunchFailure", self.down_until, 1 << 8
+                j.completing, j.verdicts = set(), {}
+                self.events.append(("epilog_slurmctld", jid, j.restart, compress_nodes(j.nodes)))
+        self.jobs_by_id, self.node_recs, self.requeues = old["jobs"], old["nodes"], old["requeues"]
+        self.next_prio = min(self.next_prio, old["next_prio"])
+
+    def boot_time(self) -> float | None:
+        """slurmctld's start time (``scontrol show config``: one RPC)."""
+        after = self._enter("scontrol", ("show", "config"), None, ("REQUEST_BUILD_INFO",))
+        self._leave(after, "scontrol")
+        return self.booted
 
     def fail(self, match=lambda cmd, args: True, count: int = 1, mode: str = "refuse") -> None:
         self.faults.append(Fault(match, count, mode))
@@ -513,6 +572,7 @@ class FakeSlurm:
         key = (job.job_id, job.restart)
         self.requeues[key] = self.requeues.get(key, 0) + 1
         self.requeue_log.append((job.job_id, job.restart, by))
+        job.submit = self.clock()    # every requeue gives the job a new SubmitTime (22.05, checked)
 
     def _requeue(self, job: FakeJob, hold: bool) -> None:
         if job.state == "PENDING":

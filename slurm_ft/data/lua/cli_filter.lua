@@ -28,7 +28,9 @@ function slurm_cli_pre_submit(options, offset)
   end
   if not used then return slurm.SUCCESS end
   options["open-mode"] = "append"
-  options["requeue"] = "1"
+  -- "" is --requeue given bare: 22.05 and 24.11 ignore the value, 26.05 reads it
+  -- (--requeue[=expedite]) and refuses "1" with "Invalid --requeue specification" (docs/lab.md)
+  options["requeue"] = ""
   return slurm.SUCCESS
 end
 

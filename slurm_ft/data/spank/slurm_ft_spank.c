@@ -23,7 +23,20 @@
  *     applies the site default ([failover] retries) and checks the site maximum;
  *   - slurm_spank_user_init (slurmstepd, every step) -> spank_setenv SLURM_FT_* in every task
  *     (SLURM_FT_RETRIES only when --ft-retries was given).
+ *
+ * Attempt marker (slurm_spank_task_init, as the job's user, batch step task 0 of a restarted job,
+ * i.e. SLURM_RESTART_COUNT set): one line into the job's own output, e.g.
+ *     slurm-ft: attempt 2/4 on n2 after hardware fault (Xid 79, GPU 0000:10:00) on n1; budget 2 left
+ * The text comes from the job's AdminComment (written by the slurm-ft daemon only; an owner cannot
+ * set it), read with Slurm's own API (slurm_load_job, resolved in slurmstepd's libslurmfull with
+ * dlsym: no link-time dependency) as the job's user, one RPC per restarted attempt. Only the part
+ * from the word "attempt" up to the options record (a word starting "ft:" or "slurm-ft-") is shown, at most
+ * MARKER_MAX bytes, printable ASCII only. Any failure prints nothing and never fails the task.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <unistd.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -33,6 +46,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(slurm_ft, 1);
@@ -296,5 +310,89 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		slurm_error(PFX "cannot set SLURM_FT_CKPT_SIGNUM for the job's tasks");
 		return -1;
 	}
+	return 0;
+}
+
+#define MARKER_MAX 400
+#define LEADER "slurm-ft:"
+
+/* The sentence in an AdminComment ("slurm-ft:<state> attempt N/M after ... ft:...") -> out:
+ * "slurm-ft: attempt N/M on NODE after ...", printable ASCII only; 0 if there is one and it is
+ * about attempt number `number` (a sentence left from an earlier requeue is not shown). */
+static int format_marker(const char *admin, long number, const char *node, char *out, size_t size)
+{
+	const char *p, *end, *other, *num_end;
+	char sentence[MARKER_MAX + 1], *num_stop;
+	size_t n = 0;
+
+	if (admin == NULL || strncmp(admin, LEADER, strlen(LEADER)) != 0)
+		return -1;
+	p = strstr(admin, " attempt ");
+	if (p == NULL)
+		return -1;
+	p++;
+	if (strtol(p + strlen("attempt "), &num_stop, 10) != number || num_stop == p + strlen("attempt "))
+		return -1;
+	end = strstr(p, " ft:");
+	if (end == NULL)
+		end = p + strlen(p);
+	other = strstr(p, " slurm-ft-");  /* a record slurm-ft keeps after it (not for the user) */
+	if (other != NULL && other < end)
+		end = other;
+	for (; p < end && n < MARKER_MAX; p++)
+		sentence[n++] = (*p >= 0x20 && *p <= 0x7e) ? *p : '?';
+	sentence[n] = '\0';
+	/* after "attempt N[/M]": the node this attempt runs on */
+	num_end = strchr(sentence + strlen("attempt "), ' ');
+	if (num_end == NULL)
+		num_end = sentence + n;
+	snprintf(out, size, "slurm-ft: %.*s on %s%s\n", (int)(num_end - sentence), sentence,
+		 node, num_end);
+	return 0;
+}
+
+typedef int (*load_job_fn)(job_info_msg_t **, uint32_t, uint16_t);
+typedef void (*free_job_fn)(job_info_msg_t *);
+
+/* slurmstepd, as the job's user, in each task before exec: the attempt marker (see the header). */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	uint32_t job_id = 0, step_id = 0, task_id = 1;
+	long restart_count = 0;
+	char restarts[16], node[64], line[MARKER_MAX + 128];
+	job_info_msg_t *msg = NULL;
+	load_job_fn load_job;
+	free_job_fn free_job;
+	size_t i;
+
+	(void)ac;
+	(void)av;
+	if (!ft_enabled || !spank_remote(sp))
+		return 0;
+	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS || step_id != SLURM_BATCH_SCRIPT
+	    || spank_get_item(sp, S_TASK_GLOBAL_ID, &task_id) != ESPANK_SUCCESS || task_id != 0
+	    || spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS)
+		return 0;
+	if (spank_getenv(sp, "SLURM_RESTART_COUNT", restarts, sizeof(restarts)) != ESPANK_SUCCESS
+	    || parse_long(restarts, 1, INT_MAX, &restart_count) != 0)
+		return 0;
+	if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof(node)) != ESPANK_SUCCESS)
+		snprintf(node, sizeof(node), "?");
+	for (i = 0; node[i] != '\0'; i++)
+		if (!isalnum((unsigned char)node[i]) && node[i] != '-' && node[i] != '.' && node[i] != '_')
+			node[i] = '?';
+	load_job = (load_job_fn)dlsym(RTLD_DEFAULT, "slurm_load_job");
+	free_job = (free_job_fn)dlsym(RTLD_DEFAULT, "slurm_free_job_info_msg");
+	if (load_job == NULL || free_job == NULL)
+		return 0;
+	if (load_job(&msg, job_id, SHOW_DETAIL) != 0 || msg == NULL)
+		return 0;
+	if (msg->record_count >= 1
+	    && format_marker(msg->job_array[0].admin_comment, restart_count + 1, node, line,
+			     sizeof(line)) == 0) {
+		ssize_t w = write(STDOUT_FILENO, line, strlen(line));
+		(void)w;
+	}
+	free_job(msg);
 	return 0;
 }
