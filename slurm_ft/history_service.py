@@ -118,6 +118,11 @@ class BadRequest(SlurmFTError):
     """A query the service will not answer; the message is sent to the client."""
 
 
+class NotYet(BadRequest):
+    """A hang report about a job or an attempt the journal has not booked yet (the daemon books
+    an attempt on its next cycle): refused with ``"retry": true``, the watcher sends it again."""
+
+
 # ------------------------------------------------------------------------------ the query
 def _node_pieces(names) -> list[str]:
     """``-N`` node names as short hostlists (ClusterShell's contiguous pieces, ``g[001-004]``, ``n1``),
@@ -310,9 +315,10 @@ def _reply(**fields) -> bytes:
     return json.dumps({"v": VERSION, **fields}, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
-def refusal(message: str) -> bytes:
-    """The (unproved) answer that refuses a request with ``message``."""
-    return b"-\n" + _reply(ok=False, error=message)
+def refusal(message: str, retry: bool = False) -> bytes:
+    """The (unproved) answer that refuses a request with ``message``; ``retry``: the same request
+    may be taken a little later (the service's journal busy or behind), said as ``"retry": true``."""
+    return b"-\n" + (_reply(ok=False, error=message, retry=True) if retry else _reply(ok=False, error=message))
 
 
 def proof_payload(request: bytes, body: bytes) -> bytes:
@@ -370,11 +376,11 @@ class HistoryService:
             answer = self._answer(sel, viewer)
         except BadRequest as exc:
             log.info("history service: refused a request from %s: %s", peer, exc)
-            return refusal(str(exc))
+            return refusal(str(exc), retry=isinstance(exc, NotYet))
         except SlurmFTError as exc:
             log.warning("history service: %s", exc)
             self._drop_journal()
-            return refusal(f"the history service could not answer: {exc}")
+            return refusal(f"the history service could not answer: {exc}", retry=True)
         except MemoryError:
             self._drop_journal()
             return refusal("the answer is too large for the history service: narrow the query (-S/-E, -j, -u)")
@@ -407,10 +413,10 @@ class HistoryService:
             raise BadRequest(str(exc)[:300]) from None
         journal = self._journal()
         if journal.job(r.job_id) is None:
-            raise BadRequest(f"hang report for job {r.job_id}: not in the journal")
+            raise NotYet(f"hang report for job {r.job_id}: not in the journal")
         attempt = next((a for a in journal.attempts(r.job_id) if a["attempt"] == r.attempt), None)
         if attempt is None:
-            raise BadRequest(f"hang report for job {r.job_id}: attempt {r.attempt} not in the journal")
+            raise NotYet(f"hang report for job {r.job_id}: attempt {r.attempt} not in the journal")
         if attempt.get("nodes"):
             from .history import parse_nodelist
             try:

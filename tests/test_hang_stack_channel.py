@@ -182,6 +182,8 @@ BAD = {
 def test_malformed_and_unknown_reports_are_refused(db, why):
     reply = _body(_service(db).handle(FakeMunge.make(0, _payload(**BAD[why]))))
     assert not reply["ok"] and reply["error"] and "\n" not in reply["error"] and "Traceback" not in reply["error"]
+    # only a job or attempt the journal has not booked yet is worth another try
+    assert reply.get("retry", False) is (why in ("unknown job", "unknown attempt")), reply
     assert _stacks(db) == []
 
 
@@ -393,6 +395,41 @@ def test_the_watcher_sends_its_report_to_the_service(db, tmp_path):
     r = CliRunner().invoke(command, ["-j", "5", "--detail", "--journal", str(db)])
     assert "stack of pid 777 (python3) on n2, innermost first:" in r.output and "stack of pid 778 (python3) on n2: " \
         "no frame" in r.output, r.output
+
+
+def test_a_report_ahead_of_the_journal_is_sent_again_until_the_attempt_is_booked(db):
+    """The watcher's report can reach the service before the daemon books the attempt (a loaded
+    node, a busy controller): the service says ``retry``, the watcher tries again with a new
+    credential (the fake munged, like munged, refuses a replayed one) and the report is stored;
+    a refusal that would never pass is not tried again."""
+    srv = Server(_service(db), "127.0.0.1", 0, workers=2, read_s=2.0).start()
+    try:
+        cfg = _cfg(f"127.0.0.1:{srv.address[1]}")
+        late = _payload(attempt=1)           # attempt 1: not booked yet
+
+        def book():
+            time.sleep(1.2)
+            with open_journal(db) as j:
+                j.upsert_attempt(5, 1, nodes="n1", start=NOW - 10, state="FAILED")
+        import threading
+        booker = threading.Thread(target=book)
+        booker.start()
+        made = []
+
+        def fresh(payload: bytes) -> str:        # munged makes each credential unique
+            made.append(payload)
+            return FakeMunge.make(0, payload, NOW - len(made)).decode()
+        logs: list[str] = []
+        ok = report.send(cfg, _Slurm(), late, logs.append, encode=fresh)
+        booker.join()
+        assert ok and len(logs) == 1 and "hang report sent" in logs[0] and "tries)" in logs[0], logs
+        assert [r["attempt"] for r in _stacks(db, attempt=1)] == [1]
+        logs.clear()
+        t0 = time.monotonic()
+        ok = report.send(cfg, _Slurm(), _payload(node="n9"), logs.append, encode=_encode)
+        assert not ok and time.monotonic() - t0 < 1.0 and len(logs) == 1 and "tries" not in logs[0], logs
+    finally:
+        srv.stop()
 
 
 def test_the_watcher_sends_nothing_without_a_frame(tmp_path):

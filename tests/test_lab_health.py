@@ -77,7 +77,7 @@ def test_degrading_gpu_under_running_job_checkpoints_and_moves_it(lab, slurm, ft
 
     from slurm_ft.cli import main
     from slurm_ft.lab.demo import ckpt_step, job_gpu_index, wait_for, wait_started
-    sub = submit_training(lab, steps=400, comment="ft:ckpt_wait=3")
+    sub = submit_training(lab, steps=400, comment="ft:ckpt_wait=30")   # the ack ends the wait early
     first = wait_started(slurm, sub)
     wait_for(lambda: ckpt_step(sub.ckpt) >= 5, 60, "checkpoint")
     gpu = job_gpu_index(slurm, sub.job_id)

@@ -239,3 +239,28 @@ def test_newest_drain_fact_wins(rows):
             assert facts[node]["row"] is counted[-1]
             if facts[node]["kind"] != reconcile.DRAIN_LIFTED:
                 assert facts[node]["reason"].startswith("slurm-ft:")
+
+
+def test_a_forgotten_drain_under_slurms_own_reason_gets_its_reason_back(tmp_path):
+    """After the rollback slurmctld drained the faulty node by a reason of its own (the rolled-back
+    copy's kill failed there): the node is out of service, but an admin reading ``Kill task
+    failed`` would resume a dead GPU. slurm-ft's reason is put back; an admin's reason never is
+    replaced."""
+    for theirs, replaced in (("Kill task failed", True), ("PSU swap, ticket 7", False)):
+        (tmp_path / theirs.split()[0]).mkdir()
+        w = World(tmp_path / theirs.split()[0])
+        jid = w.start()
+        w.step(n=2)
+        node = _fault_and_failover(w, jid)
+        reason = w.slurm.node_recs[node].reason
+        saved = w.slurm.saved_state()
+        r = saved["nodes"][node]
+        r.drain, r.reason, r.reason_time = True, theirs, 0.0
+        w.clock.advance(30)
+        w.slurm.restart_ctld(2.0, state=saved)
+        for _ in range(10):
+            w.step(1.0)
+        rec = w.slurm.node_recs[node]
+        assert rec.drain and rec.reason == (reason if replaced else theirs), (theirs, rec.reason)
+        again = [x for x in _reconciles(w, jid) if x["kind"] == reconcile.DRAIN_REAPPLIED]
+        assert len(again) == int(replaced), again

@@ -24,6 +24,9 @@ What is compared and re-applied:
   epilog had drained it already) that Slurm shows not drained, when slurmctld started *after*
   that drain: drained again with the same reason, through :func:`slurm_ft.drain.drain_node`; the
   original drain time is kept in the detail (``drained_at``; Slurm's reason time is now);
+  the same when Slurm shows the node drained by a reason of its own (``Kill task failed``,
+  ``batch job complete failure``: :data:`slurm_ft.drain.SLURM_REASONS`), which would hide the
+  fault from the admin who resumes it; never over an admin's reason;
 - ``drain-lifted``: the same, when slurmctld has *not* restarted since the drain: someone
   resumed the node (an admin); recorded once, never re-drained for that drain;
 - ``failover-redone`` (or ``evacuation-redone``, ``continue-redone``): the requeue Slurm lost is
@@ -46,7 +49,7 @@ import logging
 import time
 from typing import Mapping
 
-from ..drain import LEADER, OBSERVED, drain_node
+from ..drain import LEADER, OBSERVED, SLURM_REASONS, drain_node
 from ..errors import SlurmFTError
 from ..journal import identity
 from ..slurm import Job, split_nodes
@@ -215,9 +218,17 @@ class Reconciler:
         nodes = {n.name: n for n in d.nodes}
         for node, fact in sorted(drain_facts(j.actions_named(("drain", ACTION), self.boot - DRAIN_HORIZON_S)).items()):
             cur = nodes.get(node)
-            if fact["kind"] == DRAIN_LIFTED or cur is None or cur.drained:
+            if fact["kind"] == DRAIN_LIFTED or cur is None:
                 continue
             row = fact["row"]
+            if cur.drained:
+                if (row["created"] < min(self.boot + BOOT_SLACK_S, self._boot_seen_at)
+                        and (cur.reason or "").startswith(SLURM_REASONS)):
+                    # slurmctld forgot slurm-ft's drain and drained the node for a reason of its
+                    # own (the rolled-back job's launch or kill failed there): the node is out of
+                    # service, but its reason no longer says why; an admin would resume it
+                    self._redrain(node, fact)
+                continue          # slurm-ft's drain holds, or an admin's
             if row["created"] >= min(self.boot + BOOT_SLACK_S, self._boot_seen_at) and not self.ctld_restarted(True):
                 # (slurmctld's start time read again after the node list: a restart in between
                 # would make a forgotten drain look lifted)

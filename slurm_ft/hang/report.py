@@ -22,8 +22,10 @@ daemon's decisions reads that row: ``ft-history`` shows it (``slurm_ft.history_f
 escaped, to whoever may see the job (its owner, admins, root).
 
 The watcher sends it best effort (:func:`send`): after the job's processes were ended, in at most
-:data:`SEND_S` seconds in all (controller discovery, MUNGE, connect, answer); a failure is logged
-to the node log only.
+:data:`SEND_S` seconds in all (controller discovery, MUNGE, connect, answer). While no service
+answers, or the service says ``"retry": true`` (its journal has not booked the attempt yet, or
+was busy), it tries again every :data:`RETRY_S` seconds with a new credential (MUNGE refuses a
+replayed one) until that bound; the outcome is logged to the node log only, once.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ VERSION = 1
 ACTION = "hang-stack"
 #: Largest report payload (bytes of JSON).
 MAX_REPORT = 32768
-#: Seconds the watcher spends sending a report, everything included.
-SEND_S = 3.0
+#: Seconds the watcher spends sending a report, everything included (retries too; a loaded
+#: 2-core lab node took over 3 s).
+SEND_S = 10.0
+#: Seconds between two tries of a report the service could not take yet.
+RETRY_S = 0.5
 #: Reports kept per attempt of a job (a multi-node job's nodes, in-place restarts); more are refused.
 MAX_PER_ATTEMPT = 32
 #: Longest process name in a report.
@@ -235,17 +240,18 @@ def _exchange(host: str, port: int, line: bytes, deadline: float) -> bytes:
         return bytes(data)
 
 
-def _answer(raw: bytes) -> tuple[bool, str]:
+def _answer(raw: bytes) -> tuple[bool, str, bool]:
+    """(stored, why, worth another try) for the service's answer ``raw``."""
     _, _, body = raw.partition(b"\n")
     try:
         reply = json.loads(body.decode("ascii"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        return False, "no answer it understands (another program on that port?)"
+        return False, "no answer it understands (another program on that port?)", False
     if not isinstance(reply, dict):
-        return False, "no answer it understands"
+        return False, "no answer it understands", False
     if reply.get("ok") is True:
-        return True, "stored"
-    return False, str(reply.get("error") or "refused")[:300]
+        return True, "stored", False
+    return False, str(reply.get("error") or "refused")[:300], reply.get("retry") is True
 
 
 def _send(cfg, slurm, payload: bytes, deadline: float, encode, log) -> bool:
@@ -256,12 +262,24 @@ def _send(cfg, slurm, payload: bytes, deadline: float, encode, log) -> bool:
     except SlurmFTError as exc:
         log(f"hang report not sent: cannot find the controller: {exc}")
         return False
-    try:
-        cred = encode(payload) if encode is not None else munge.encode(payload, decoder_uid=0)
-    except munge.MungeError as exc:
-        log(f"hang report not sent: {exc}")
-        return False
-    line = cred.encode("ascii") + b"\n"
+    tries = 0
+    while True:
+        tries += 1
+        try:        # a new credential per try: MUNGE refuses one decoded before
+            cred = encode(payload) if encode is not None else munge.encode(payload, decoder_uid=0)
+        except munge.MungeError as exc:
+            log(f"hang report not sent: {exc}")
+            return False
+        ok, again, message = _try_once(targets, cred.encode("ascii") + b"\n", deadline)
+        if ok or not again or time.monotonic() + RETRY_S >= deadline:
+            after = f" (after {tries} tries)" if tries > 1 else ""
+            log(message + after)
+            return ok
+        time.sleep(RETRY_S)
+
+
+def _try_once(targets, line: bytes, deadline: float) -> tuple[bool, bool, str]:
+    """One try over the service's endpoints: (stored, worth another try, the log line)."""
     tried = []
     for host, port in targets:
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -270,14 +288,11 @@ def _send(cfg, slurm, payload: bytes, deadline: float, encode, log) -> bool:
         except OSError as exc:
             tried.append(f"{where}: {exc.strerror or str(exc) or type(exc).__name__}")
             continue
-        ok, why = _answer(raw)
+        ok, why, again = _answer(raw)
         if ok:
-            log(f"hang report sent to the history service at {where}: the stack is in ft-history")
-        else:
-            log(f"hang report refused by {where}: {why}")
-        return ok
-    log(f"hang report not sent: no history service answered ({'; '.join(tried)[:400]})")
-    return False
+            return True, False, f"hang report sent to the history service at {where}: the stack is in ft-history"
+        return False, again, f"hang report refused by {where}: {why}"
+    return False, True, f"hang report not sent: no history service answered ({'; '.join(tried)[:400]})"
 
 
 def send(cfg, slurm, payload: bytes, log, *, encode=None, timeout_s: float = SEND_S) -> bool:
