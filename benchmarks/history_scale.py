@@ -11,7 +11,11 @@ max-retries-exceeded (3 %) or, for jobs of the last two days, still running (7 %
 Then times, as a user would run them (``ft-history`` as a new process, interpreter start
 included; median of ``--runs``):
 
-* ``history_window_s``: ``ft-history -a -S now-30days`` (the rows it prints: ``history_window_rows``);
+* ``history_window_s``: ``ft-history -a -S now-30days -n -P`` (the rows it prints:
+  ``history_window_rows``); ``history_window_chain_s``: the same window in the default
+  (retry-chain) view; ``history_window_rendered_s``: the ``-P`` query with its columns named by
+  ``-o``, which renders every job now (what the history memo saves: slurm_ft.history_memo; the
+  memo is filled first, as the history service does in the background: ``memo_fill_s``);
 * ``history_job_s``: ``ft-history -j ID``;
 * ``history_user_s``: ``ft-history -u USER -X -S now-365days``;
 * ``user_via_service_s``: the same as an ordinary user who cannot read the journal, through the
@@ -20,7 +24,7 @@ included; median of ``--runs``):
   journal part of ``slurm-ft report``: Slurm is asked for its nodes once, not timed here).
 
 Goals: each ``ft-history`` query <= 0.3 s, the report <= 5 s. Prints ``name=value`` lines; the last
-is ``history_worst_s``, the slowest of the three queries.
+is ``history_worst_s``, the slowest of the four queries (both window views, -j, -u).
 
 Run as root: ``.venv/bin/python benchmarks/history_scale.py [--attempts 1000000]``.
 """
@@ -39,6 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm_ft import config as config_mod  # noqa: E402
+from slurm_ft import history_memo  # noqa: E402
+from slurm_ft.history_format import LIST_FORMAT  # noqa: E402
 from slurm_ft.journal import open_journal  # noqa: E402
 from slurm_ft.report import collect, render  # noqa: E402
 from slurm_ft.slurm import Node  # noqa: E402
@@ -201,6 +207,15 @@ def main() -> None:
         with open_journal(db, readonly=True) as j:
             (n_att,) = j.db.execute("SELECT COUNT(*) FROM attempts").fetchone()
         print(f"journal_attempts={n_att}")
+    # what the history service's background thread does (slurm_ft.history_memo): render the
+    # finished jobs of the last MEMO_DAYS days ahead, once
+    t0 = time.perf_counter()
+    memo = 0
+    with open_journal(db) as j:
+        while (n := history_memo.fill(j, limit=5000)) > 0:
+            memo += n
+    print(f"memo_fill_s={time.perf_counter() - t0:.1f}")
+    print(f"memo_jobs_rendered={memo}")
     cfg_path = d / "slurm-ft.toml"
     cfg_path.write_text(f'[journal]\npath = "{db}"\n')
     env = {**os.environ, "SLURM_FT_CONFIG": str(cfg_path)}
@@ -208,6 +223,10 @@ def main() -> None:
     with open_journal(db, readonly=True) as j:
         some_job = j.db.execute("SELECT job_id FROM jobs ORDER BY job_id LIMIT 1 OFFSET 1000").fetchone()[0]
     window_s, rows = timed([exe, "--journal", str(db), "-a", "-S", "now-30days", "-n", "-P"], args.runs, env)
+    # the same columns named with -o: every job rendered now (what the memo saves)
+    rendered_s, _ = timed([exe, "--journal", str(db), "-a", "-S", "now-30days", "-n", "-P", "-o", LIST_FORMAT],
+                          args.runs, env)
+    chain_s, chain_lines = timed([exe, "--journal", str(db), "-a", "-S", "now-30days"], args.runs, env)
     job_s, _ = timed([exe, "--journal", str(db), "-j", str(some_job)], args.runs, env)
     user_s, user_rows = timed([exe, "--journal", str(db), "-u", USERS[7], "-X", "-S", "now-365days", "-n", "-P"],
                               args.runs, env)
@@ -218,6 +237,9 @@ def main() -> None:
     report_s = time.perf_counter() - t0
     print(f"history_window_rows={rows}")
     print(f"history_window_s={window_s:.3f}")
+    print(f"history_window_rendered_s={rendered_s:.3f}")
+    print(f"history_window_chain_lines={chain_lines}")
+    print(f"history_window_chain_s={chain_s:.3f}")
     print(f"history_job_s={job_s:.3f}")
     print(f"history_user_rows={user_rows}")
     print(f"history_user_s={user_s:.3f}")
@@ -225,7 +247,7 @@ def main() -> None:
         print(f"{k}={v}")
     print(f"report_bytes={len(html)}")
     print(f"report_s={report_s:.3f}")
-    print(f"history_worst_s={max(window_s, job_s, user_s):.3f}")
+    print(f"history_worst_s={max(window_s, chain_s, job_s, user_s):.3f}")
 
 
 if __name__ == "__main__":

@@ -348,9 +348,8 @@ def _candidates(journal, start: float) -> set[int]:
     parts += ["SELECT job_id FROM jobs WHERE ft_state > ? AND ft_state < ?"] * (len(finals) - 1)
     parts += ["SELECT job_id FROM jobs WHERE created IS NULL AND updated IS NULL"]
     args = [start] * (len(_TIMES) + 1) + [finals[0], finals[-1]] + [x for pair in zip(finals, finals[1:]) for x in pair]
-    keys = set()
-    for (key,) in journal.db.conn.execute(" UNION ALL ".join(parts), args):
-        keys.add(key)
+    # UNION: SQLite drops the duplicates (a record has rows in several tables) before Python sees them
+    keys = {key for (key,) in journal.db.conn.execute(" UNION ".join(parts), args)}
     keys.discard(None)
     return keys
 
@@ -683,16 +682,36 @@ def _overlaps(first, last, active: bool, start: float, end: float) -> bool:
     return (first is None or first <= end) and (active or last is None or last >= start)
 
 
+class Rendered(str):
+    """A job's text as ``ft-history`` prints it, from the history memo (slurm_ft.history_memo):
+    its ``-P`` lines or its chain view, in place of its history dict in :func:`select`'s answer."""
+
+
 def select(journal, sel: Selection, viewer: Viewer | None = None,
-           now: float | None = None) -> tuple[list[dict], list]:
+           now: float | None = None, memo: str | None = None) -> tuple[list, list]:
     """(histories of the selected jobs in job id order (an array's tasks in task order, an
     earlier job with the same id first), requested job ids -- an int, or the ``-j`` item's text
-    for an array task item -- not in the journal or hidden from ``viewer``). Raises
-    :class:`JournalError` if the journal cannot be queried."""
+    for an array task item -- not in the journal or hidden from ``viewer``). With ``memo``
+    (``"list"`` or ``"chain"``: :func:`memo_kind`), a finished job the memo holds is its
+    :class:`Rendered` text instead of its dict. Raises :class:`JournalError` if the journal
+    cannot be queried."""
     try:
-        return _select(journal, sel, viewer, time.time() if now is None else now)
+        return _select(journal, sel, viewer, time.time() if now is None else now, memo)
     except sqlite3.DatabaseError as exc:
         raise JournalError(f"{journal.path}: {exc}") from None
+
+
+def memo_kind(*, columns, parsable: bool, delimiter: str | None, header: bool, allocations: bool,
+              detail: bool, as_json: bool, sel: Selection) -> str | None:
+    """Which pre-rendered text (slurm_ft.history_memo) these options print as is: ``"list"``
+    (``-p``/``-P`` with the default columns and delimiter), ``"chain"`` (the default view, with
+    its header), else None (every job rendered now)."""
+    if columns or allocations or detail or as_json or sel.job_ids or sel.states or sel.duplicates or \
+            sel.nodes is not None:
+        return None
+    if parsable:
+        return "list" if delimiter in (None, "|") else None
+    return "chain" if header else None
 
 
 def _records(journal) -> set[int]:
@@ -701,7 +720,7 @@ def _records(journal) -> set[int]:
             if r[0] is not None}
 
 
-def _select(journal, sel: Selection, viewer: Viewer | None, now: float) -> tuple[list[dict], list]:
+def _select(journal, sel: Selection, viewer: Viewer | None, now: float, memo: str | None = None) -> tuple[list, list]:
     end = now if sel.end is None else sel.end
     missing: list = []
     # -N: the records with an attempt, a verdict or an action on those nodes in the window
@@ -756,13 +775,17 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float) -> tuple
         spans = _spans(journal, jobs)
         jobs = {k: v for k, v in jobs.items()
                 if _overlaps(*spans.get(k, (None, None)), v["ft_state"] not in policy.FINAL_STATES, sel.start, end)}
+    # finished jobs rendered ahead (slurm_ft.history_memo): their text and times, no row read
+    from . import history_memo
+    done = history_memo.lookup(journal, jobs, memo) if memo and not sel.states and not sel.duplicates else {}
+    rest = {k: v for k, v in jobs.items() if k not in done} if done else jobs
     # many records: their rows in three queries, which also give their times (a journal with
     # spooled rows is read job by job, through the Journal's own reads, which add those rows)
-    if len(jobs) > 1 and not journal.spooled:
-        rows = _Prefetched(journal, jobs, jobs)
+    if len(rest) > 1 and not journal.spooled:
+        rows = _Prefetched(journal, rest, rest)
         spans = rows.spans if spans is None else spans
     else:
-        rows, spans = journal, _spans(journal, jobs) if spans is None else spans
+        rows, spans = journal, _spans(journal, rest) if spans is None else spans
     out = []
     slurm_states = {s for s in sel.states if s.isupper()}
     def order(key: int) -> tuple:
@@ -772,9 +795,13 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float) -> tuple
 
     for job_id in sorted(jobs, key=order):
         job = jobs[job_id]
-        first, last = spans.get(job_id, (None, None))
+        ahead = done.get(job_id)
+        first, last = ahead[:2] if ahead else spans.get(job_id, (None, None))
         active = job["ft_state"] not in policy.FINAL_STATES
         if not _overlaps(first, last, active, sel.start, end):
+            continue
+        if ahead:
+            out.append(Rendered(ahead[2]))
             continue
         h = _chain(rows, job_id, job, arrays.get(job_id), retired.get(job_id))
         if sel.states and h["ft_state"] not in sel.states and not any(a["state"] in sel.states for a in h["attempts"]):
@@ -1079,7 +1106,10 @@ def command(job_ids, users, all_users: bool, accounts, nodelist, start: float | 
         else:
             with open_journal(path, readonly=True) as journal:
                 viewer = current_viewer(cfg)
-                found, missing = select(journal, sel, viewer=viewer, now=now)
+                memo = memo_kind(columns=columns, parsable=parsable or parsable2, delimiter=delimiter,
+                                 header=not noheader, allocations=allocations, detail=detail, as_json=as_json,
+                                 sel=sel)
+                found, missing = select(journal, sel, viewer=viewer, now=now, memo=memo)
                 error = _not_in_journal(journal, missing, viewer) if missing else None
                 if sel.nodes is not None:
                     steps = node_steps(journal, sel.nodes, sel.start, now if sel.end is None else sel.end, viewer)
@@ -1128,12 +1158,24 @@ def command(job_ids, users, all_users: bool, accounts, nodelist, start: float | 
 def _render(found: list[dict], columns, *, parsable: bool, trailing: bool, header: bool, allocations: bool,
             duplicates: bool, now: float, delimiter: str = "|", detail: bool = False) -> str:
     if not parsable and not allocations:
-        return "\n\n".join(fmt.chain(h, columns, header=header, now=now, detail=detail) for h in found)
+        return "\n\n".join(h if isinstance(h, Rendered) else fmt.chain(h, columns, header=header, now=now,
+                                                                       detail=detail) for h in found)
     job_rows, attempt_rows = (False, True) if allocations and duplicates else (True, not allocations)
     cols = columns or fmt.parse_format(fmt.JOB_FORMAT if allocations and not duplicates and not parsable
                                        else fmt.LIST_FORMAT)
     if detail and not any(c.field.name == "Evidence" for c in cols):
         cols = [*cols, fmt.Column(fmt.BY_NAME["evidence"])]
+    if parsable and any(isinstance(h, Rendered) for h in found):
+        # the memo's -P lines (default columns, "|") between the lines of jobs rendered now, in order
+        end = delimiter if trailing else ""
+        lines = fmt.parsable(cols, [], header=header, trailing=trailing, delimiter=delimiter)
+        for h in found:
+            if isinstance(h, Rendered):
+                lines.append(h.replace("\n", end + "\n") + end)
+            else:
+                lines += fmt.parsable(cols, fmt.rows(h, job_row=job_rows, attempts=attempt_rows, now=now),
+                                      header=False, trailing=trailing, delimiter=delimiter)
+        return "\n".join(lines)
     rows = [r for h in found for r in fmt.rows(h, job_row=job_rows, attempts=attempt_rows, now=now)]
     lines = fmt.parsable(cols, rows, header=header, trailing=trailing, delimiter=delimiter) if parsable else \
         fmt.table(cols, rows, header=header)

@@ -4,7 +4,8 @@ controller from the daemon's journal, for the uid MUNGE vouches for (docs/archit
 
 Runs on the controller host as root: a child process of ``slurm-ft daemon`` (:func:`serving`,
 off with ``[history] serve = false``), ``python -m slurm_ft.history_service``. Reads the journal
-read-only; writes only a hang report's row (below), never a decision.
+read-only; writes only a hang report's row (below) and, from a background thread, ``ft-history``'s
+text of finished jobs rendered ahead (slurm_ft.history_memo), never a decision.
 
 Protocol (one TCP connection per query, ``[history] port``, default 6827):
 
@@ -713,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("history service listening on %s:%s (journal %s)", *server.address, cfg.journal.path)
+    from .history_memo import Filler     # ft-history's text of finished jobs, rendered ahead
+    Filler(cfg.journal.path, stop, log, cfg.journal.read_group).start()
     server.serve_forever(lambda: not stop.is_set() and (not args.parent_pid or os.getppid() == args.parent_pid))
     server.stop()
     log.info("history service stopped")

@@ -42,6 +42,7 @@ heartbeat directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -370,12 +371,15 @@ class Watcher:
         targets = [pinned[q.pid] for q in (tasks(procs) if inplace else procs) if q.pid in pinned]
         self.log(f"ending {'the step tasks' if inplace else 'the job processes'} on {w.node}: "
                  f"{', '.join(str(q.pid) for q in targets) or 'none found'}")
-        end_processes(targets, self.cfg.hang.kill_wait_s, self.sleep)
-        if inplace and targets:
-            self.progress.restart(self.clock())      # the wrapper restarts the step: grace again
-        else:
-            self.ended = True
-        self.send_report(step)      # after the processes are ended: the job's end never waits for it
+        # the processes' end ends the job, whose epilog SIGTERMs a watcher still here (its backstop,
+        # epilog_cleanup), possibly before the report below: held back until the report is sent
+        with sigterm_held():
+            end_processes(targets, self.cfg.hang.kill_wait_s, self.sleep)
+            if inplace and targets:
+                self.progress.restart(self.clock())      # the wrapper restarts the step: grace again
+            else:
+                self.ended = True
+            self.send_report(step)      # after the processes are ended: the job's end never waits for it
 
     #: ``encode`` for :func:`slurm_ft.hang.report.send` (tests; None: MUNGE, for root alone).
     report_encode = None
@@ -388,17 +392,16 @@ class Watcher:
         # the job's end runs the epilog, whose backstop SIGTERMs a watcher still here
         # (epilog_cleanup): the send (bounded) finishes first, then a pending SIGTERM ends us
         # (seen on a loaded lab: the report was lost mid-send, nothing logged)
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        try:
-            payload = report.encode_report(self.w.job_id, self.w.attempt, self.w.node, self.dumps, self.beat_at, step)
-            if payload is None:
-                self.log("hang report not sent: no stack frame to send")
-                return
-            report.send(self.cfg, self.slurm, payload, self.log, encode=self.report_encode)
-        except Exception as exc:          # best effort: never keeps the watcher from going on
-            self.log(f"hang report not sent: {type(exc).__name__}: {exc}")
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        with sigterm_held():
+            try:
+                payload = report.encode_report(self.w.job_id, self.w.attempt, self.w.node, self.dumps, self.beat_at,
+                                               step)
+                if payload is None:
+                    self.log("hang report not sent: no stack frame to send")
+                    return
+                report.send(self.cfg, self.slurm, payload, self.log, encode=self.report_encode)
+            except Exception as exc:          # best effort: never keeps the watcher from going on
+                self.log(f"hang report not sent: {type(exc).__name__}: {exc}")
 
     def tell_owner(self, now: float, action: str) -> None:
         """Append the hang block (:func:`slurm_ft.failover.marker.hang_block`: ``slurm-ft: hang
@@ -490,6 +493,17 @@ def remove_dir(path: str) -> None:
         os.unlink(path)
         return
     shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sigterm_held():
+    """SIGTERM held pending (blocked) in this thread for the block, delivered when it ends
+    (nested blocks keep it held until the outermost ends)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def epilog_cleanup(cfg, job_id: int, node: str) -> bool:

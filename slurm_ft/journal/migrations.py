@@ -119,11 +119,18 @@ def m008_verdict_uid(db: sqlite_utils.Database) -> None:
     db["verdicts"].add_column("uid", int)
 
 
+def m009_history_memo(db: sqlite_utils.Database) -> None:
+    """``history_memo``: ``ft-history``'s pre-rendered text of finished jobs, and the triggers that
+    drop a record's row whenever a row of that record changes (slurm_ft.history_memo; issue 26)."""
+    from ..history_memo import create
+    create(db.conn)
+
+
 MIGRATIONS = [("001_initial", m001_initial), ("002_ft_options", m002_ft_options),
               ("003_action_uid_dead_letters", m003_action_uid_dead_letters),
               ("004_job_identity", m004_job_identity), ("005_time_indexes", m005_time_indexes),
               ("006_job_account", m006_job_account), ("007_covering_time_indexes", m007_covering_time_indexes),
-              ("008_verdict_uid", m008_verdict_uid)]
+              ("008_verdict_uid", m008_verdict_uid), ("009_history_memo", m009_history_memo)]
 
 
 def apply(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:

@@ -1,0 +1,214 @@
+"""Pre-rendered ``ft-history`` text of finished jobs (issue 26: ``ft-history -S now-30days`` over a
+journal of 1,000,000 attempts within 0.3 s, benchmarks/history_scale.py).
+
+What ``ft-history`` prints for a job whose ft state is final does not change any more, unless a
+row of it does. The history service (the daemon's child, root, on the controller) therefore
+renders ahead, with ``ft-history``'s own code (:func:`slurm_ft.history._chain`,
+:mod:`slurm_ft.history_format`: no second renderer), the two default outputs of each finished
+job of the last :data:`MEMO_DAYS` days into the journal's ``history_memo`` table (migration
+``009_history_memo``), one row per record::
+
+    job_id  the record key (a job id, or a retired record's negative key)
+    key     :func:`render_key` of the process that rendered it
+    t0, t1  the record's time span (slurm_ft.history._spans' expressions), epoch seconds
+    list    the ``-P`` lines of the default columns (LIST_FORMAT): the job row, then each attempt
+    chain   the retry-chain view (heading, table with its header, hang lines)
+
+A memo row is used (:func:`lookup`) only when all of these hold, else ``ft-history`` renders
+the job as before:
+
+- its ``key`` is the reader's :func:`render_key`: a hash of the rendering code and of the local
+  time zone (times are printed in local time), so another slurm-ft version or ``TZ`` renders
+  afresh;
+- no row of the record changed since it was rendered: triggers on ``jobs``, ``attempts``,
+  ``verdicts``, ``actions``, ``job_identity`` and ``retired_jobs`` delete a record's memo row in
+  the same transaction as any insert, update or delete of its rows; :func:`fill` reads and writes
+  inside one write transaction, so no change slips in between;
+- the output is one of the two default ones: no ``-o``, ``--delimiter``, ``--detail``, ``-s``,
+  ``-D``, ``-X``, ``--json`` (``slurm_ft.history.memo_kind``), and no row waits in the journal's
+  spool.
+
+A user name held as a uid is shown as the name this host's passwd gave when the job was
+rendered. The memo costs about 1 KB a job (~30 MB for 60 days of a site with 14,000 jobs a month);
+none is written while the journal's filesystem has less than :data:`MIN_FREE_BYTES` free (a
+cache never takes the daemon's last free pages). Errors are the caller's to log: :func:`fill`
+raises ``sqlite3.Error``; :func:`lookup` answers {} for a journal without the table.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from .failover import policy
+
+TABLE = "history_memo"
+#: Days back (by the job record's last update) the memo covers; older windows render as before.
+MEMO_DAYS = 62
+#: Free bytes the journal's filesystem must keep for :func:`fill` to write.
+MIN_FREE_BYTES = 64 * 2 ** 20
+#: Records rendered in one write transaction (about 10 ms of the journal's write lock).
+CHUNK = 100
+#: Seconds between two passes of the service's filler; seconds it rests between two chunks.
+PASS_S, REST_S = 30.0, 0.05
+#: Tables whose rows make up a record's history (slurm_ft.history._chain, identity): their
+#: triggers drop the record's memo row; (table, expression(s) of the record key).
+SOURCES = (("jobs", ("job_id",)), ("attempts", ("job_id",)), ("verdicts", ("job_id",)),
+           ("actions", ("job_id",)), ("job_identity", ("job_id",)), ("retired_jobs", ("key", "job_id")))
+#: The modules whose code decides the text (hashed into :func:`render_key`).
+_CODE = ("history.py", "history_format.py", "textsafe.py", "hang/report.py", "history_memo.py")
+
+
+def tz_key() -> str:
+    """The local time zone as this process renders times (``TZ``, names, offsets)."""
+    return f"{os.environ.get('TZ', '')}|{time.tzname}|{time.timezone}|{time.altzone}|{time.daylight}"
+
+
+@functools.lru_cache(maxsize=None)
+def _code_hash() -> str:
+    base = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    try:
+        for name in _CODE:
+            h.update(name.encode() + b"\0" + (base / name).read_bytes() + b"\0")
+    except OSError:          # code not readable as files: a key no other process has (memo unused)
+        return os.urandom(16).hex()
+    return h.hexdigest()
+
+
+def render_key() -> str:
+    """A memo row rendered by this code in this time zone carries this key (24 hex digits)."""
+    return hashlib.sha256(f"{_code_hash()}|{tz_key()}".encode()).hexdigest()[:24]
+
+
+def create(conn) -> None:
+    """The table and its triggers (migration ``009_history_memo``; idempotent)."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (job_id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
+                 f"t0 REAL, t1 REAL, list TEXT NOT NULL, chain TEXT NOT NULL)")
+    for table, cols in SOURCES:
+        for event, refs in (("INSERT", ["NEW"]), ("UPDATE", ["OLD", "NEW"]), ("DELETE", ["OLD"])):
+            keys = ", ".join(f"{ref}.{c}" for ref in refs for c in cols)
+            conn.execute(f"CREATE TRIGGER IF NOT EXISTS {TABLE}_{table}_{event.lower()} AFTER {event} ON {table} "
+                         f"BEGIN DELETE FROM {TABLE} WHERE job_id IN ({keys}); END")
+
+
+def lookup(journal, keys, kind: str) -> dict[int, tuple]:
+    """record key -> (t0, t1, text) of the memo rows of ``keys`` that this process may print as
+    they are (``kind``: ``"list"`` or ``"chain"``); {} when the journal has no memo or holds
+    rows in its spool."""
+    if kind not in ("list", "chain") or getattr(journal, "spooled", False) or not keys:
+        return {}
+    try:
+        rows = journal.db.conn.execute(
+            f"SELECT job_id, t0, t1, {kind} FROM {TABLE} WHERE key = ? AND job_id IN "
+            f"(SELECT value FROM json_each(?))", [render_key(), json.dumps(sorted(int(k) for k in keys))]).fetchall()
+    except sqlite3.OperationalError:     # a journal from before migration 009, opened read-only
+        return {}
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+def _finals() -> list[str]:
+    return sorted(policy.FINAL_STATES)
+
+
+def missing(conn, now: float, limit: int) -> list[int]:
+    """Up to ``limit`` record keys of finished jobs updated within :data:`MEMO_DAYS` that have no
+    memo row of this :func:`render_key`, the most recently updated first."""
+    finals = _finals()
+    sql = (f"SELECT j.job_id FROM jobs j LEFT JOIN {TABLE} m ON m.job_id = j.job_id AND m.key = ? "
+           f"WHERE j.updated >= ? AND j.ft_state IN ({', '.join('?' * len(finals))}) AND m.job_id IS NULL "
+           f"ORDER BY j.updated DESC LIMIT ?")
+    return [r[0] for r in conn.execute(sql, [render_key(), now - MEMO_DAYS * 86400.0, *finals, limit])]
+
+
+def render(journal, keys, now: float) -> list[tuple]:
+    """(key, render key, t0, t1, list text, chain text) for each finished record of ``keys``, by
+    ``ft-history``'s own code (records whose ft state is not final are left out)."""
+    from . import history as hist
+    from . import history_format as fmt
+    from .journal import identity
+
+    keys = sorted({int(k) for k in keys})
+    cols, found = hist._read(journal.db.conn, "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM "
+                                              "json_each(:keys))", {"keys": json.dumps(keys)})
+    jobs = {r["job_id"]: r for r in (dict(zip(cols, row)) for row in found)
+            if r["ft_state"] in policy.FINAL_STATES}
+    if not jobs:
+        return []
+    rows = hist._Prefetched(journal, jobs, jobs)
+    arrays, retired = identity.arrays(journal), identity.retired(journal)
+    list_cols, key = fmt.parse_format(fmt.LIST_FORMAT), render_key()
+    out = []
+    for job_id, job in jobs.items():
+        h = hist._chain(rows, job_id, job, arrays.get(job_id), retired.get(job_id))
+        t0, t1 = rows.spans.get(job_id, (None, None))
+        listed = "\n".join(fmt.parsable(list_cols, fmt.rows(h, now=now), header=False))
+        out.append((job_id, key, t0, t1, listed, fmt.chain(h, header=True, now=now)))
+    return out
+
+
+def room(path: str) -> bool:
+    """Whether the journal's filesystem has :data:`MIN_FREE_BYTES` free."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)) or ".")
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= MIN_FREE_BYTES
+
+
+def fill(journal, *, now: float | None = None, limit: int = CHUNK, clock=time.time) -> int:
+    """Render up to ``limit`` missing records (:func:`missing`) and store them, in one write
+    transaction (BEGIN IMMEDIATE: reads and writes see the same rows); also drops memo rows past
+    :data:`MEMO_DAYS`. Returns how many were stored (0: nothing to do, or no room). Raises
+    ``sqlite3.Error`` (a locked or full journal: the next pass tries again)."""
+    if not room(journal.path):
+        return 0
+    conn = journal.db.conn
+    now = clock() if now is None else now
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        keys = missing(conn, now, limit)
+        made = render(journal, keys, now) if keys else []
+        conn.executemany(f"INSERT OR REPLACE INTO {TABLE} (job_id, key, t0, t1, list, chain) VALUES (?, ?, ?, ?, ?, ?)",
+                         made)
+        conn.execute(f"DELETE FROM {TABLE} WHERE t1 < ?", [now - (MEMO_DAYS + 1) * 86400.0])
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return len(made)
+
+
+class Filler:
+    """The history service's background thread: every :data:`PASS_S` seconds, :func:`fill` chunk
+    after chunk (:data:`REST_S` apart) until nothing is missing or ``stop`` is set. Logs its
+    trouble and goes on; never raises."""
+
+    def __init__(self, journal_path: str, stop: threading.Event, log, read_group: str = ""):
+        #: ``read_group``: ``[journal] read_group``, as every writer opens the journal with it
+        #: (a writer puts the file's group and mode right: slurm_ft.journal.store)
+        self.path, self.stop, self.log, self.read_group = journal_path, stop, log, read_group
+        self.thread = threading.Thread(target=self.run, name="ft-history-memo", daemon=True)
+
+    def start(self) -> "Filler":
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        from .journal import open_journal
+
+        while not self.stop.is_set():
+            try:
+                with open_journal(self.path, read_group=self.read_group, busy_timeout_s=1.0) as journal:
+                    while not self.stop.is_set() and not journal.spooled and fill(journal) > 0:
+                        self.stop.wait(REST_S)
+            except Exception as exc:    # a locked or full journal, a bug: the next pass tries again
+                self.log.warning("history service: memo not filled: %s: %s", type(exc).__name__, exc)
+            self.stop.wait(PASS_S)

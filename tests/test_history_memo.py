@@ -1,0 +1,191 @@
+"""``ft-history``'s pre-rendered text of finished jobs (slurm_ft/history_memo.py, issue 26): what it
+prints from the memo is byte for byte what it renders without it, for journals hypothesis makes
+(hostile names and evidence, arrays, retired records, observed actions, uids as users, every ft
+state), every option that uses the memo, and after any later change to a job's rows."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurm_ft import history_memo
+from slurm_ft.failover import policy
+from slurm_ft.history import FT_STATES, command
+from slurm_ft.journal import open_journal
+
+NOW = time.time()
+#: Option sets that print from the memo, and some that never do (rendered now either way).
+ARGS = (["-a"], ["-a", "-P"], ["-a", "-p", "-n"], ["-u", "alice"], ["-u", "alice", "-P"], ["-a", "-X"],
+        ["-a", "-o", "JobID,Verdict"], ["-a", "--detail"], ["-a", "-n"], ["-a", "-P", "--delimiter", ";"])
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+ATTEMPT = st.fixed_dictionaries({
+    "state": st.sampled_from(["COMPLETED", "FAILED", "RUNNING", "NODE_FAIL", "CANCELLED"]),
+    "ended": st.booleans(),
+    "verdict": st.none() | st.sampled_from(["hardware", "hang", "infra", "user", "unknown", "ok"]),
+    "evidence": st.lists(TEXT, max_size=2),
+    "actions": st.lists(st.tuples(st.sampled_from(["drain", "requeue", "decide", "hold", "failover", "ckpt-ack",
+                                                   "reconcile", "remediate-reboot"]),
+                                  st.sampled_from(["done", "observed", "failed", "skipped"]), TEXT), max_size=3),
+})
+JOB = st.fixed_dictionaries({
+    "name": st.none() | TEXT,
+    "user": st.sampled_from(["alice", "bob", "0", "4242", None]),
+    "ft_state": st.sampled_from(FT_STATES),
+    "attempts": st.lists(ATTEMPT, max_size=3),
+    "array": st.none() | st.tuples(st.integers(1, 50), st.integers(0, 9)),
+})
+
+
+def _write(path, jobs: list[dict], retire_first: bool) -> None:
+    with open_journal(path) as j:
+        for i, spec in enumerate(jobs):
+            jid = 100 + i
+            j.upsert_job(jid, name=spec["name"], user=spec["user"], ft_enabled=1, retries=3,
+                         ft_state=spec["ft_state"], excluded_nodes="")
+            for n, a in enumerate(spec["attempts"]):
+                start = NOW - 86400 * 3 + 600 * n
+                j.upsert_attempt(jid, n, nodes=f"n{n + 1}", start=start, end=start + 300 if a["ended"] else None,
+                                 state=a["state"], exit_code=1)
+                if a["verdict"]:
+                    j.add_verdict(jid, n, f"n{n + 1}", a["verdict"], f"rule-{a['verdict']}",
+                                  [{"xid": 79, "bus_id": "0000:10:00"}] if a["verdict"] == "hardware" else [],
+                                  a["evidence"], action="retry")
+                for action, status, detail in a["actions"]:
+                    j.record(jid, n, action, f"n{n + 1}", detail, status=status)
+    conn = __import__("sqlite3").connect(path)
+    with conn:
+        for i, spec in enumerate(jobs):
+            if spec["array"]:
+                conn.execute("INSERT INTO job_identity (job_id, array_job_id, array_task_id, seen, first_seen, updated) "
+                             "VALUES (?, ?, ?, '[]', ?, ?)", [100 + i, *spec["array"], NOW, NOW])
+        if retire_first and jobs:    # the first job is an earlier job with id 100, retired
+            for table in ("jobs", "attempts", "verdicts", "actions"):
+                conn.execute(f"UPDATE {table} SET job_id = -1 WHERE job_id = 100")
+            conn.execute("INSERT INTO retired_jobs (key, job_id, seen, retired, reason) VALUES (-1, 100, '[]', ?, ?)",
+                         [NOW - 3600, "id 100 | handed out again"])
+    conn.close()
+
+
+def _run(path, args) -> str:
+    r = CliRunner().invoke(command, ["--journal", str(path), "-S", "now-30days", *args])
+    assert r.exit_code == 0, (args, r.output, r.exception)
+    return r.output
+
+
+def _fill(path) -> int:
+    with open_journal(path) as j:
+        return history_memo.fill(j, limit=10 ** 6)
+
+
+def _memo_rows(path) -> dict[int, str]:
+    with open_journal(path, readonly=True) as j:
+        return {r[0]: r[1] for r in j.db.conn.execute(f"SELECT job_id, key FROM {history_memo.TABLE}")}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jobs=st.lists(JOB, min_size=1, max_size=6), retire_first=st.booleans())
+def test_memo_prints_exactly_what_ft_history_renders(tmp_path_factory, jobs, retire_first):
+    path = tmp_path_factory.mktemp("memo") / "daemon.db"
+    _write(path, jobs, retire_first)
+    before = {tuple(a): _run(path, a) for a in ARGS}
+    stored = _fill(path)
+    finished = {100 + i for i, s in enumerate(jobs) if s["ft_state"] in policy.FINAL_STATES}
+    if retire_first and 100 in finished:
+        finished = (finished - {100}) | {-1}
+    assert set(_memo_rows(path)) == finished and stored == len(finished)
+    for a in ARGS:
+        assert _run(path, a) == before[tuple(a)], a
+
+
+def test_a_change_to_a_finished_job_drops_its_memo_row(tmp_path):
+    path = tmp_path / "daemon.db"
+    job = {"name": "train", "user": "alice", "ft_state": "completed", "array": None,
+           "attempts": [{"state": "FAILED", "ended": True, "verdict": "hardware", "evidence": ["Xid 79"],
+                         "actions": [("failover", "done", "")]}]}
+    _write(path, [job, {**job, "name": "other"}], False)
+    assert _fill(path) == 2
+    with open_journal(path) as j:       # a late verdict (a node's mailbox read after the job ended)
+        j.add_verdict(100, 0, "n2", "hang", "no-progress", [], ["hang on n2: no progress"], action="retry")
+    assert set(_memo_rows(path)) == {101}
+    shown = _run(path, ["-a"])
+    assert "n2" in shown or "hang" in shown
+    assert _fill(path) == 1 and _run(path, ["-a"]) == shown
+
+
+def test_another_time_zone_renders_afresh(tmp_path, monkeypatch):
+    path = tmp_path / "daemon.db"
+    job = {"name": "train", "user": "alice", "ft_state": "completed", "array": None,
+           "attempts": [{"state": "COMPLETED", "ended": True, "verdict": None, "evidence": [], "actions": []}]}
+    _write(path, [job], False)
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        assert _fill(path) == 1
+        utc = _run(path, ["-a", "-P"])
+        monkeypatch.setenv("TZ", "Asia/Tokyo")
+        time.tzset()
+        with open_journal(path, readonly=True) as j:
+            assert history_memo.lookup(j, [100], "list") == {}       # rendered in UTC: not used here
+        tokyo = _run(path, ["-a", "-P"])
+        assert tokyo != utc and _fill(path) == 1 and _run(path, ["-a", "-P"]) == tokyo
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_no_memo_is_written_without_room(tmp_path, monkeypatch):
+    path = tmp_path / "daemon.db"
+    job = {"name": "t", "user": "alice", "ft_state": "completed", "array": None, "attempts": []}
+    _write(path, [job], False)
+    monkeypatch.setattr(history_memo, "MIN_FREE_BYTES", 2 ** 62)
+    assert _fill(path) == 0 and _memo_rows(path) == {}
+
+
+def test_old_journals_and_read_only_readers_do_without(tmp_path):
+    """A journal opened read-only before migration 009 has no memo table: ft-history renders."""
+    path = tmp_path / "daemon.db"
+    _write(path, [{"name": "t", "user": "alice", "ft_state": "completed", "array": None, "attempts": []}], False)
+    conn = __import__("sqlite3").connect(path)
+    with conn:
+        conn.execute(f"DROP TABLE {history_memo.TABLE}")
+    conn.close()
+    with open_journal(path, readonly=True) as j:
+        assert history_memo.lookup(j, [100], "chain") == {}
+
+
+def test_the_service_fills_in_the_background(tmp_path):
+    import logging
+    import threading
+    path = tmp_path / "daemon.db"
+    job = {"name": "t", "user": "alice", "ft_state": "completed", "array": None, "attempts": []}
+    _write(path, [job], False)
+    stop = threading.Event()
+    f = history_memo.Filler(str(path), stop, logging.getLogger("test")).start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not _memo_rows(path):
+        time.sleep(0.05)
+    stop.set()
+    f.thread.join(5)
+    assert set(_memo_rows(path)) == {100} and not f.thread.is_alive()
+
+
+def test_eligible_options_print_from_the_memo_and_the_others_never_do(tmp_path):
+    path = tmp_path / "daemon.db"
+    job = {"name": "t", "user": "alice", "ft_state": "completed", "array": None,
+           "attempts": [{"state": "COMPLETED", "ended": True, "verdict": None, "evidence": [], "actions": []}]}
+    _write(path, [job, {**job, "ft_state": "running"}], False)
+    assert _fill(path) == 1
+    conn = __import__("sqlite3").connect(path)
+    with conn:
+        conn.execute(f"UPDATE {history_memo.TABLE} SET list = 'MEMO-LIST', chain = 'MEMO-CHAIN'")
+    conn.close()
+    used = {"-a": "MEMO-CHAIN", "-a -P": "MEMO-LIST", "-a -p -n": "MEMO-LIST|", "-u alice": "MEMO-CHAIN"}
+    for args, marker in used.items():
+        out = _run(path, args.split())
+        assert marker in out and ("Job 101 (t): ft state running" in out or "101|" in out), (args, out)
+    for args in ("-a -X", "-a -n", "-a --detail", "-a -P --delimiter ;", "-a -o JobID", "-j 100", "-a -s CD"):
+        assert "MEMO" not in _run(path, args.split()), args
