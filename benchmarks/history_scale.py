@@ -3,7 +3,8 @@
 
 Builds (once, cached under ``--dir`` by its parameters) a daemon journal with the project's own
 schema (slurm_ft.journal migrations) holding ``--attempts`` attempts: ~1/3 as many jobs over two years
-(a site's history), 200 users, 64 nodes, 1-5 attempts a job; every attempt but a job's last ended with a fault
+(a site's history; job ids rise with submit time, as Slurm hands them out), 200 users, 64 nodes,
+1-5 attempts a job; every attempt but a job's last ended with a fault
 verdict (hardware 40 %, infra 30 %, hang 10 %, unknown 20 %) and a failover action, hardware ones
 with a drain too; last attempts completed (75 %), user errors (15 %, a ``user`` verdict),
 max-retries-exceeded (3 %) or, for jobs of the last two days, still running (7 %).
@@ -70,10 +71,14 @@ def build(path: Path, attempts: int, now: float, seed: int = 1) -> dict:
     conn.execute("PRAGMA synchronous=OFF")
     jobs, atts, verdicts, actions = [], [], [], []
     job_id, made = 1000, 0
+    # Slurm hands job ids out in submit order: ids rise with time (a 30-day window is the newest
+    # ids, as on a real controller), about 3 attempts a job over SPAN_DAYS
+    spacing, submit = SPAN_DAYS * DAY / max(1.0, attempts / 3), now - SPAN_DAYS * DAY
     while made < attempts:
         job_id += 1
         n = min(rnd.randint(1, 5), attempts - made)
-        t = t_first = now - rnd.uniform(0, SPAN_DAYS * DAY)
+        submit = min(now - 60.0, submit + rnd.uniform(0, 2 * spacing))
+        t = t_first = submit
         user = rnd.choice(USERS)
         last = rnd.random()
         final = ("completed" if last < 0.75 else "user-error" if last < 0.90
@@ -191,10 +196,10 @@ def main() -> None:
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
-    db = d / f"journal-{args.attempts}-v2.db"
+    db = d / f"journal-{args.attempts}-v3.db"
     # the journal's times are relative to when it was built; rebuilt when older than a day
     if not db.exists() or time.time() - db.stat().st_mtime > DAY:
-        for p in d.glob(f"journal-{args.attempts}-v2.db*"):
+        for p in d.glob(f"journal-{args.attempts}-v3.db*"):
             p.unlink()
         t0 = time.perf_counter()
         counts = build(db, args.attempts, time.time())

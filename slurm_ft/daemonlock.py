@@ -24,7 +24,6 @@ import errno
 import fcntl
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +136,7 @@ def beat(cfg_or_path, *, ok: bool = True, now: float | None = None) -> None:
         return
     record = {"pid": os.getpid(), "time": now, "ok": ok, "last_ok": last_ok, "started": started}
     try:
+        import tempfile     # here: ft-history imports this module, and only the daemon writes
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{HEARTBEAT_NAME}.")
         try:
             with os.fdopen(fd, "w") as fh:

@@ -13,6 +13,7 @@ ASCII JSON, which escapes control characters itself).
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -30,9 +31,7 @@ from . import daemonlock
 from . import history_format as fmt
 from .errors import JournalError, SlurmFTError
 from .failover import policy
-from .failover.observe import OBSERVED
 from .journal import identity, open_journal
-from .slurm import compress_nodes
 from .textsafe import terminal_safe
 from .timespec import parse_time
 
@@ -110,6 +109,7 @@ def _job_row(journal, job_id: int, viewer: Viewer | None) -> dict | None:
 
 def _fold(names) -> str:
     """Node names as one Slurm hostlist (``gpu[01-02]-ib``); a name that is not one is listed as is."""
+    from .slurm import compress_nodes     # here: ft-history's start imports no Slurm client
     names = sorted(set(names))
     try:
         return compress_nodes(names)
@@ -133,6 +133,14 @@ def history(journal, job_id: int, viewer: Viewer | None = None) -> dict:
     if job is None:
         raise _not_in_journal(journal, [job_id], viewer)
     return _chain(journal, job_id, job, identity.arrays(journal).get(job_id))
+
+
+@functools.lru_cache(maxsize=1)
+def _observed() -> str:
+    """The status of an observe-mode daemon's actions (slurm_ft.failover.observe.OBSERVED), read
+    at first use: ft-history's start does not import the observe machinery."""
+    from .failover.observe import OBSERVED
+    return OBSERVED
 
 
 #: Verdict classes, worst first: an attempt's verdict is its worst node's.
@@ -173,7 +181,7 @@ def _chain(journal, job_id: int, job: dict, array: tuple[int, int] | None = None
             "action": _summarise(actions),
             "actions": [{k: x[k] for k in ("action", "target", "detail", "status", "created")} for x in actions],
         })
-    observed = any(x["status"] == OBSERVED for r in rows for x in r["actions"])
+    observed = any(x["status"] == _observed() for r in rows for x in r["actions"])
     return {"job_id": retired["job_id"] if retired else job_id, "name": job["name"], "user": job.get("user"),
             "account": job.get("account"), "ft_state": job["ft_state"],
             "array_job_id": array[0] if array else None, "array_task_id": array[1] if array else None,
@@ -335,21 +343,34 @@ def _spans(journal, keys) -> dict[int, tuple[float | None, float | None]]:
     return {r[0]: (r[1], r[2]) for r in journal.db.conn.execute(sql, {"keys": json.dumps(keys)}).fetchall()}
 
 
+#: The ``jobs`` columns that select a job (ft state, owner, account): all the window reads of a
+#: job whose text the memo holds (slurm_ft.history_memo).
+_LIGHT = "job_id, user, account, ft_state"
+
+
 def _candidates(journal, start: float) -> set[int]:
     """Record keys that may overlap a window starting at ``start``: anything recorded at or after
     it (index range scans), a job whose ft state is not final (it overlaps any window that
     reaches now), and a job with no time at all. A superset: :func:`_overlaps` decides. Every
-    part reads one index range (the covering indexes of migration ``007_covering_time_indexes``;
-    "not final" as the ranges between the final states, not a scan of ``jobs_ft_state``)."""
+    part reads one index range (``record_last_t1``, migration ``010_record_last``, else the covering
+    indexes of ``007_covering_time_indexes``; "not final" as the ranges between the final states,
+    not a scan of ``jobs_ft_state``)."""
     finals = sorted(policy.FINAL_STATES)
-    parts = [f"SELECT job_id FROM {table} WHERE {t1} >= ?" for table, _, t1 in _TIMES]
-    parts += ["SELECT job_id FROM jobs WHERE created >= ?", "SELECT job_id FROM jobs WHERE ft_state IS NULL",
-              "SELECT job_id FROM jobs WHERE ft_state < ?", "SELECT job_id FROM jobs WHERE ft_state > ?"]
-    parts += ["SELECT job_id FROM jobs WHERE ft_state > ? AND ft_state < ?"] * (len(finals) - 1)
-    parts += ["SELECT job_id FROM jobs WHERE created IS NULL AND updated IS NULL"]
-    args = [start] * (len(_TIMES) + 1) + [finals[0], finals[-1]] + [x for pair in zip(finals, finals[1:]) for x in pair]
+    states = ["SELECT job_id FROM jobs WHERE ft_state IS NULL", "SELECT job_id FROM jobs WHERE ft_state < ?",
+              "SELECT job_id FROM jobs WHERE ft_state > ?"]
+    states += ["SELECT job_id FROM jobs WHERE ft_state > ? AND ft_state < ?"] * (len(finals) - 1)
+    states += ["SELECT job_id FROM jobs WHERE created IS NULL AND updated IS NULL"]
+    state_args = [finals[0], finals[-1]] + [x for pair in zip(finals, finals[1:]) for x in pair]
+    # the latest time of every record, one index range (migration 010_record_last); a journal
+    # from before it, opened read-only: each table's own range
+    times = ["SELECT job_id FROM record_last WHERE t1 >= ?"]
+    if not journal.db.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'record_last'"
+                                   ).fetchone():
+        times = [f"SELECT job_id FROM {table} WHERE {t1} >= ?" for table, _, t1 in _TIMES]
+        times += ["SELECT job_id FROM jobs WHERE created >= ?"]
     # UNION: SQLite drops the duplicates (a record has rows in several tables) before Python sees them
-    keys = {key for (key,) in journal.db.conn.execute(" UNION ".join(parts), args)}
+    keys = {key for (key,) in journal.db.conn.execute(" UNION ".join(times + states),
+                                                      [start] * len(times) + state_args)}
     keys.discard(None)
     return keys
 
@@ -704,14 +725,14 @@ def select(journal, sel: Selection, viewer: Viewer | None = None,
 def memo_kind(*, columns, parsable: bool, delimiter: str | None, header: bool, allocations: bool,
               detail: bool, as_json: bool, sel: Selection) -> str | None:
     """Which pre-rendered text (slurm_ft.history_memo) these options print as is: ``"list"``
-    (``-p``/``-P`` with the default columns and delimiter), ``"chain"`` (the default view, with
-    its header), else None (every job rendered now)."""
-    if columns or allocations or detail or as_json or sel.job_ids or sel.states or sel.duplicates or \
-            sel.nodes is not None:
+    (``-p``/``-P`` with the default columns and delimiter), ``"jobrow"`` (the same with ``-X``:
+    the job row alone), ``"chain"`` (the default view, with its header), else None (every job
+    rendered now)."""
+    if columns or detail or as_json or sel.job_ids or sel.states or sel.duplicates or sel.nodes is not None:
         return None
     if parsable:
-        return "list" if delimiter in (None, "|") else None
-    return "chain" if header else None
+        return ("jobrow" if allocations else "list") if delimiter in (None, "|") else None
+    return "chain" if header and not allocations else None
 
 
 def _records(journal) -> set[int]:
@@ -750,8 +771,10 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float, memo: st
             _jobs_of_accounts(journal, sel.accounts) if sel.accounts is not None else \
             set(on_nodes) if on_nodes is not None else _candidates(journal, sel.start)
         window = {"keys": json.dumps(sorted(keys))}
-        cols, found = _read(journal.db.conn, "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM "
-                                             "json_each(:keys)) ORDER BY job_id", window)
+        # with the memo, the columns that select a job first (_LIGHT); the whole row of the jobs
+        # rendered now is read below
+        cols, found = _read(journal.db.conn, f"SELECT {_LIGHT if memo else '*'} FROM jobs WHERE job_id IN "
+                                             f"(SELECT value FROM json_each(:keys)) ORDER BY job_id", window)
         jobs = {r["job_id"]: r for r in (dict(zip(cols, row)) for row in found)
                 if (listed or r["ft_state"] != policy.NOT_CONFIGURED) and (r["job_id"] > 0 or r["job_id"] in retired)}
         if listed and (viewer is None or viewer.sees_all):
@@ -768,17 +791,24 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float, memo: st
         jobs = {k: v for k, v in jobs.items() if _fold_case(v.get("account") or "") in sel.accounts}
     if on_nodes is not None:
         jobs = {k: v for k, v in jobs.items() if k in on_nodes}
-    spans = None
-    if not sel.job_ids and (users is not None or sel.accounts is not None):
-        # a user's (an account's) jobs of all time: their times first (one query), then read only
-        # those in the window
-        spans = _spans(journal, jobs)
-        jobs = {k: v for k, v in jobs.items()
-                if _overlaps(*spans.get(k, (None, None)), v["ft_state"] not in policy.FINAL_STATES, sel.start, end)}
     # finished jobs rendered ahead (slurm_ft.history_memo): their text and times, no row read
     from . import history_memo
     done = history_memo.lookup(journal, jobs, memo) if memo and not sel.states and not sel.duplicates else {}
+    spans = None
+    if not sel.job_ids and (users is not None or sel.accounts is not None):
+        # a user's (an account's) jobs of all time: their times first (the memo's, else one query),
+        # then read only those in the window
+        spans = _spans(journal, [k for k in jobs if k not in done])
+        spans.update((k, m[:2]) for k, m in done.items())
+        jobs = {k: v for k, v in jobs.items()
+                if _overlaps(*spans.get(k, (None, None)), v["ft_state"] not in policy.FINAL_STATES, sel.start, end)}
     rest = {k: v for k, v in jobs.items() if k not in done} if done else jobs
+    if memo and not sel.job_ids and rest:      # read with _LIGHT's columns: the whole rows now
+        cols, found = _read(journal.db.conn, "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM json_each(?))",
+                            [json.dumps(sorted(rest))])
+        whole = {r["job_id"]: r for r in (dict(zip(cols, row)) for row in found)}
+        rest = {k: whole.get(k, v) for k, v in rest.items()}      # (a not-configured job: no jobs row)
+        jobs = {k: rest.get(k, v) for k, v in jobs.items()}
     # many records: their rows in three queries, which also give their times (a journal with
     # spooled rows is read job by job, through the Journal's own reads, which add those rows)
     if len(rest) > 1 and not journal.spooled:
@@ -793,7 +823,7 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float, memo: st
         base = array[0] if array else (old["job_id"] if old else key)
         return (base, array[1] if array else -1, old["retired"] if old else float("inf"), key)
 
-    for job_id in sorted(jobs, key=order):
+    for job_id in sorted(jobs, key=order) if arrays or retired else sorted(jobs):
         job = jobs[job_id]
         ahead = done.get(job_id)
         first, last = ahead[:2] if ahead else spans.get(job_id, (None, None))
@@ -860,7 +890,7 @@ def _reconcile_why(detail: str) -> str:
 def _summarise(actions: list[dict]) -> str:
     parts = []
     for x in actions:
-        if x["status"] == OBSERVED:      # [failover] mode = "observe": decided, nothing done in Slurm
+        if x["status"] == _observed():   # [failover] mode = "observe": decided, nothing done in Slurm
             if x["action"] in _WOULD:
                 what = f"{x['action']} {x['target']}" if x["action"] == "drain" else x["action"]
                 parts.append(f"observed: would {what}" + (f": {x['detail']}" if x["action"] == "hold" else ""))

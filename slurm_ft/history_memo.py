@@ -24,9 +24,9 @@ the job as before:
   ``verdicts``, ``actions``, ``job_identity`` and ``retired_jobs`` delete a record's memo row in
   the same transaction as any insert, update or delete of its rows; :func:`fill` reads and writes
   inside one write transaction, so no change slips in between;
-- the output is one of the two default ones: no ``-o``, ``--delimiter``, ``--detail``, ``-s``,
-  ``-D``, ``-X``, ``--json`` (``slurm_ft.history.memo_kind``), and no row waits in the journal's
-  spool.
+- the output is one of the default ones: the chain view (with its header), ``-p``/``-P`` and
+  ``-X -p``/``-X -P`` (the list's first line); no ``-o``, ``--delimiter``, ``--detail``, ``-s``,
+  ``-D``, ``--json`` (``slurm_ft.history.memo_kind``), and no row waits in the journal's spool.
 
 A user name held as a uid is shown as the name this host's passwd gave when the job was
 rendered. The memo costs about 1 KB a job (~30 MB for 60 days of a site with 14,000 jobs a month);
@@ -100,17 +100,23 @@ def create(conn) -> None:
 
 def lookup(journal, keys, kind: str) -> dict[int, tuple]:
     """record key -> (t0, t1, text) of the memo rows of ``keys`` that this process may print as
-    they are (``kind``: ``"list"`` or ``"chain"``); {} when the journal has no memo or holds
-    rows in its spool."""
-    if kind not in ("list", "chain") or getattr(journal, "spooled", False) or not keys:
+    they are (``kind``: ``"list"``, ``"jobrow"``: the list's first line, the job row, or
+    ``"chain"``); {} when the journal has no memo or holds rows in its spool."""
+    column = _KINDS.get(kind)
+    if column is None or getattr(journal, "spooled", False) or not keys:
         return {}
+    from .history import _read     # sqlite3's own C text decoder (the journal's is per value)
     try:
-        rows = journal.db.conn.execute(
-            f"SELECT job_id, t0, t1, {kind} FROM {TABLE} WHERE key = ? AND job_id IN "
-            f"(SELECT value FROM json_each(?))", [render_key(), json.dumps(sorted(int(k) for k in keys))]).fetchall()
+        _, rows = _read(journal.db.conn, f"SELECT job_id, t0, t1, {column} FROM {TABLE} WHERE key = ? AND job_id IN "
+                                         f"(SELECT value FROM json_each(?))",
+                        [render_key(), json.dumps(sorted(int(k) for k in keys))])
     except sqlite3.OperationalError:     # a journal from before migration 009, opened read-only
         return {}
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+#: What :func:`lookup` reads for each kind of text.
+_KINDS = {"list": "list", "chain": "chain", "jobrow": "substr(list, 1, instr(list || char(10), char(10)) - 1)"}
 
 
 def _finals() -> list[str]:

@@ -20,6 +20,7 @@ from slurm_ft.journal import open_journal
 NOW = time.time()
 #: Option sets that print from the memo, and some that never do (rendered now either way).
 ARGS = (["-a"], ["-a", "-P"], ["-a", "-p", "-n"], ["-u", "alice"], ["-u", "alice", "-P"], ["-a", "-X"],
+        ["-a", "-X", "-P"], ["-u", "alice", "-X", "-p", "-n"], ["-a", "-X", "-D", "-P"],
         ["-a", "-o", "JobID,Verdict"], ["-a", "--detail"], ["-a", "-n"], ["-a", "-P", "--delimiter", ";"])
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 ATTEMPT = st.fixed_dictionaries({
@@ -181,11 +182,36 @@ def test_eligible_options_print_from_the_memo_and_the_others_never_do(tmp_path):
     assert _fill(path) == 1
     conn = __import__("sqlite3").connect(path)
     with conn:
-        conn.execute(f"UPDATE {history_memo.TABLE} SET list = 'MEMO-LIST', chain = 'MEMO-CHAIN'")
+        conn.execute(f"UPDATE {history_memo.TABLE} SET list = 'MEMO-LIST' || char(10) || 'MEMO-ATTEMPT', "
+                     f"chain = 'MEMO-CHAIN'")
     conn.close()
-    used = {"-a": "MEMO-CHAIN", "-a -P": "MEMO-LIST", "-a -p -n": "MEMO-LIST|", "-u alice": "MEMO-CHAIN"}
+    used = {"-a": "MEMO-CHAIN", "-a -P": "MEMO-LIST\nMEMO-ATTEMPT\n", "-a -p -n": "MEMO-LIST|\nMEMO-ATTEMPT|\n",
+            "-u alice": "MEMO-CHAIN", "-a -X -P": "MEMO-LIST\n", "-u alice -X -p": "MEMO-LIST|\n"}
     for args, marker in used.items():
         out = _run(path, args.split())
         assert marker in out and ("Job 101 (t): ft state running" in out or "101|" in out), (args, out)
-    for args in ("-a -X", "-a -n", "-a --detail", "-a -P --delimiter ;", "-a -o JobID", "-j 100", "-a -s CD"):
+        assert "-X" not in args or "MEMO-ATTEMPT" not in out, (args, out)
+    for args in ("-a -X", "-a -n", "-a --detail", "-a -P --delimiter ;", "-a -o JobID", "-j 100", "-a -s CD",
+                 "-a -X -D -P"):
         assert "MEMO" not in _run(path, args.split()), args
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jobs=st.lists(JOB, min_size=1, max_size=6), retire_first=st.booleans(),
+       back=st.lists(st.floats(0, 10 * 86400), min_size=1, max_size=4))
+def test_the_window_finds_the_same_records_through_record_last(tmp_path_factory, jobs, retire_first, back):
+    """Migration 010's ``record_last`` (kept by triggers) finds every record each table's own
+    time range finds, whatever rows were written, moved (a retired record) or updated later."""
+    from slurm_ft import history
+    path = tmp_path_factory.mktemp("last") / "daemon.db"
+    _write(path, jobs, retire_first)
+    with open_journal(path) as j:        # later updates: an attempt's end, an action finished
+        j.upsert_attempt(101, 0, end=NOW + 5)
+        j.record(102, 0, "requeue", "n1", "")
+    with open_journal(path, readonly=True) as j:
+        for b in back:
+            start = NOW - b
+            legacy = {r[0] for table, _, t1 in history._TIMES
+                      for r in j.db.conn.execute(f"SELECT job_id FROM {table} WHERE {t1} >= ?", [start])}
+            legacy |= {r[0] for r in j.db.conn.execute("SELECT job_id FROM jobs WHERE created >= ?", [start])}
+            assert legacy - {None} <= history._candidates(j, start), start
