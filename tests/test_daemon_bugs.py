@@ -175,6 +175,30 @@ def test_a_requeue_refused_while_slurmctld_restarts_is_retried_not_internal_erro
         assert [a["status"] for a in acts if a["action"] == "failover"] == ["done"]
 
 
+def test_a_drain_refused_while_slurmctld_restarts_is_retried_before_the_requeue(w):
+    """Found by test_lab_ctld (kill -9 of slurmctld right after the node-side drain): the daemon's
+    drain met the dying slurmctld and was booked failed, the requeue then reached the restarted
+    one, whose rolled-back state had lost the epilog's drain too: the faulty node stayed in
+    service. A refused drain now leaves the failover open; it is resumed, drain first."""
+    jid = w.start()
+    w.step()
+    node = w.job(jid).nodes[0]
+    w.slurm.fail(lambda cmd, args: args[:2] == ("show", "node"), count=2)
+    w.slurm.end(jid, verdicts={node: XID79}, epilogs=True)
+    for _ in range(40):
+        w.step()
+        if w.job(jid).state == "RUNNING" and w.job(jid).restart == 1:
+            break
+    assert w.job(jid).restart == 1 and w.job(jid).nodes != [node], w.job(jid)
+    rec = w.slurm.node_recs[node]
+    assert rec.drain and rec.reason.startswith("slurm-ft: Xid 79"), (rec.drain, rec.reason)
+    with w.journal() as j:
+        acts = j.actions(jid)
+        assert [a["status"] for a in acts if a["action"] == "drain"] == ["failed", "failed", "done"], [(a["action"], a["status"]) for a in acts]
+        assert [a["status"] for a in acts if a["action"] == "failover"] == ["done"]
+        assert [a["status"] for a in acts if a["action"] == "requeue"] == ["done"]
+
+
 def test_an_unfinished_failover_that_cannot_be_resumed_does_not_block_others(w):
     """A crash leaves job A's failover as an intent; on restart Slurm refuses every read of A.
     Before the reconcile isolation, that stopped every later failover."""

@@ -62,6 +62,9 @@ MAX_SCAN_READS = 50
 SCAN_SHARE = 20.0
 #: Seconds a full scan may take (``squeue`` over the whole queue) before it is abandoned.
 FULL_SCAN_TIMEOUT_S = 120.0
+#: Intents whose resumption changes the job in Slurm (slurm_ft.failover.effects.Effects.resume):
+#: such a job is planned next cycle, from a fresh read.
+RESUMED_ACTS = ("failover", "release", "evacuation", "continue")
 #: The ft token in a comment (job_submit.lua writes it first; legacy ``--comment=ft``).
 FT_WORD = re.compile(r"(?:^|\s)ft(?::|\s|$)")
 #: Seconds before a full scan that failed (slurmctld restarting, a timeout) is tried again.
@@ -294,11 +297,14 @@ class Daemon:
                     self._read(jid, jobs)
         self.reconciler.after_reads(self._rows if full else None)   # journal vs Slurm (.reconcile)
         # 3. unfinished actions
+        resumed: set[int] = set()
         for intent in intents:
             jid = intent["job_id"]
             if jid not in jobs or self._backoff.get(jid, 0.0) > now or jid in self._renewed_ids:
                 continue
             self._guarded(jid, lambda: self.effects.resume(intent, jobs[jid]))
+            if intent["action"] in RESUMED_ACTS:
+                resumed.add(jid)
         # 4. every job in this cycle, faults first: a burst of ordinary ends never delays a failover
         urgent = {jid for jid, job in jobs.items()
                   if jid in fresh or (job is not None and job.state in policy.FAILED_STATES)}
@@ -310,6 +316,11 @@ class Daemon:
                 del self._watch[jid]
             if self._backoff.get(jid, 0.0) > self.clock():
                 continue     # its resumed action failed just now (e.g. a refused requeue): later
+            if jid in resumed and job is not None:
+                # read before its resumed action changed it (a requeue done now): planned from a
+                # fresh read next cycle, never from this one (it would look like a requeue Slurm lost)
+                self.wake(jid, self.clock())
+                continue
             self._guarded(jid, lambda: self.handle(job))
 
     def _reconcile(self, rows) -> set[int]:

@@ -240,7 +240,7 @@ class Effects:
         (:func:`policy.avoided_by`). Idempotent: safe to run again for the same attempt after a
         crash at any point."""
         j = self.journal
-        self.drain(job.job_id, attempt, blamed, verdicts)
+        self.drain(job.job_id, attempt, blamed, verdicts, retry=True)
         refused = steps.requeue_in_place(self.slurm, j, job.job_id, attempt)
         if refused:
             tries = sum(1 for a in j.actions(job.job_id)
@@ -271,11 +271,20 @@ class Effects:
             return
         self.d.wake(job.job_id, self.d.clock())   # StartTime=now once out of COMPLETING (machine._restart)
 
-    def drain(self, job_id: int, attempt: int, nodes, verdicts) -> None:
+    def drain(self, job_id: int, attempt: int, nodes, verdicts, retry: bool = False) -> None:
         """Drain ``nodes`` within the circuit breaker (slurm_ft.breaker): once it opens, it stays
-        open (journaled) until ``slurm-ft breaker reset``; the job still fails over."""
+        open (journaled) until ``slurm-ft breaker reset``; the job still fails over.
+
+        ``retry`` (a failover): a drain Slurm refused (slurmctld restarting, unreachable) raises
+        :class:`SlurmCommandError` after the other nodes were tried, so the failover's intent stays
+        open and the daemon resumes it (drain first, then the requeue) after its backoff, as for a
+        refused requeue; after :data:`REQUEUE_TRIES` refusals of a node the failover goes on
+        without it. (Found by test_lab_ctld: the drain met slurmctld's kill, the requeue went to
+        the restarted one, and the rollback had also lost the epilog's drain: the faulty node
+        stayed in service.)"""
         if not self.fcfg.drain:
             return
+        refused = []
         for node in nodes:
             verdict = next((x for x in verdicts if x["node"] == node), {})
             reason = drain_reason(job_id, verdict)
@@ -298,6 +307,16 @@ class Effects:
                     self.d.refresh_nodes()   # the next drain this cycle counts this one
             except SlurmCommandError as exc:
                 self.journal.finish(step, "failed", str(exc))
+                refused.append((node, exc))
+        if retry and refused:
+            tries = {node: sum(1 for a in self.journal.actions(job_id, attempt)
+                               if a["action"] == "drain" and a["target"] == node and a["status"] == "failed")
+                     for node, _ in refused}
+            again = [(node, exc) for node, exc in refused if tries[node] < REQUEUE_TRIES]
+            if again:
+                node, exc = again[0]
+                raise SlurmCommandError(f"drain of {node} refused ({tries[node]} of {REQUEUE_TRIES} tries; the "
+                                        f"failover is resumed): {exc}")
 
     # ------------------------------------------------------------------ prolog refusals
     def _Release(self, job, a: m.Release, opts) -> None:
