@@ -713,7 +713,7 @@ def select(journal, sel: Selection, viewer: Viewer | None = None,
     """(histories of the selected jobs in job id order (an array's tasks in task order, an
     earlier job with the same id first), requested job ids -- an int, or the ``-j`` item's text
     for an array task item -- not in the journal or hidden from ``viewer``). With ``memo``
-    (``"list"`` or ``"chain"``: :func:`memo_kind`), a finished job the memo holds is its
+    (``"list"``, ``"jobrow"`` or ``"chain"``: :func:`memo_kind`), a finished job the memo holds is its
     :class:`Rendered` text instead of its dict. Raises :class:`JournalError` if the journal
     cannot be queried."""
     try:

@@ -194,7 +194,8 @@ def test_a_drain_refused_while_slurmctld_restarts_is_retried_before_the_requeue(
     assert rec.drain and rec.reason.startswith("slurm-ft: Xid 79"), (rec.drain, rec.reason)
     with w.journal() as j:
         acts = j.actions(jid)
-        assert [a["status"] for a in acts if a["action"] == "drain"] == ["failed", "failed", "done"], [(a["action"], a["status"]) for a in acts]
+        assert [a["status"] for a in acts if a["action"] == "drain"] == ["failed", "failed", "done"], \
+            [(a["action"], a["status"]) for a in acts]
         assert [a["status"] for a in acts if a["action"] == "failover"] == ["done"]
         assert [a["status"] for a in acts if a["action"] == "requeue"] == ["done"]
 

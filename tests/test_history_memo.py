@@ -61,8 +61,8 @@ def _write(path, jobs: list[dict], retire_first: bool) -> None:
     with conn:
         for i, spec in enumerate(jobs):
             if spec["array"]:
-                conn.execute("INSERT INTO job_identity (job_id, array_job_id, array_task_id, seen, first_seen, updated) "
-                             "VALUES (?, ?, ?, '[]', ?, ?)", [100 + i, *spec["array"], NOW, NOW])
+                conn.execute("INSERT INTO job_identity (job_id, array_job_id, array_task_id, seen, first_seen, "
+                             "updated) VALUES (?, ?, ?, '[]', ?, ?)", [100 + i, *spec["array"], NOW, NOW])
         if retire_first and jobs:    # the first job is an earlier job with id 100, retired
             for table in ("jobs", "attempts", "verdicts", "actions"):
                 conn.execute(f"UPDATE {table} SET job_id = -1 WHERE job_id = 100")

@@ -32,7 +32,7 @@ requeued; only the step's tasks when the in-place wrapper (``slurm-ft run``) mar
 directory, so the wrapper restarts the step in the same allocation (and the window starts over,
 grace included). Last, the stack's top frames go to the controller's journal by a private
 channel (:mod:`slurm_ft.hang.report`: the history service, root's MUNGE credential; never
-Slurm's node field), best effort, in at most 3 s, for ``ft-history`` to show the job's owner.
+Slurm's node field), best effort, in at most 10 s, for ``ft-history`` to show the job's owner.
 
 **Ends** when the prolog's start marker is gone (the epilog removed it), or when Slurm says the
 job no longer runs this attempt here (asked every ``[hang] slurm_check_s``), removing the
