@@ -70,6 +70,28 @@ def test_health_check_program_drains_and_auto_resumes(lab, slurm, tmp_path):
     assert r.exit_code == 0 and "DRAIN" in slurm.show_node("n2")["State"]
 
 
+def _catches_usr1(job_id: int) -> bool:
+    """Some train.py process of job ``job_id`` has a SIGUSR1 handler (proc(5) SigCgt, bit 9)."""
+    import os
+    import signal
+    want = f"SLURM_JOB_ID={job_id}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"train.py" not in fh.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if want not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/status") as fh:
+                cgt = next(int(line.split()[1], 16) for line in fh if line.startswith("SigCgt:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        if cgt >> (signal.SIGUSR1 - 1) & 1:
+            return True
+    return False
+
+
 def test_degrading_gpu_under_running_job_checkpoints_and_moves_it(lab, slurm, ft_history):
     import re
 
@@ -80,6 +102,10 @@ def test_degrading_gpu_under_running_job_checkpoints_and_moves_it(lab, slurm, ft
     sub = submit_training(lab, steps=400, comment="ft:ckpt_wait=30")   # the ack ends the wait early
     first = wait_started(slurm, sub)
     wait_for(lambda: ckpt_step(sub.ckpt) >= 5, 60, "checkpoint")
+    # train.py catches SIGUSR1 (proc(5) SigCgt) before the evacuation looks: CI once saw the
+    # evacuation find the job's python3 without it ("0 process(es) that catch it"); a wait here
+    # tells a start-up race from a handler that never came
+    wait_for(lambda: _catches_usr1(sub.job_id), 20, "train.py's SIGUSR1 handler in SigCgt")
     gpu = job_gpu_index(slurm, sub.job_id)
     fake.set_gpu_field(str(lab.lay.inventory(first.nodes)), gpu, "row_remap_pending", "true")
     # what HealthCheckProgram does on the busy node: the job is alive, the GPU is degrading
