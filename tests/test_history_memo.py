@@ -5,6 +5,7 @@ state), every option that uses the memo, and after any later change to a job's r
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 import pytest
@@ -57,7 +58,7 @@ def _write(path, jobs: list[dict], retire_first: bool) -> None:
                                   a["evidence"], action="retry")
                 for action, status, detail in a["actions"]:
                     j.record(jid, n, action, f"n{n + 1}", detail, status=status)
-    conn = __import__("sqlite3").connect(path)
+    conn = sqlite3.connect(path)
     with conn:
         for i, spec in enumerate(jobs):
             if spec["array"]:
@@ -150,7 +151,7 @@ def test_old_journals_and_read_only_readers_do_without(tmp_path):
     """A journal opened read-only before migration 009 has no memo table: ft-history renders."""
     path = tmp_path / "daemon.db"
     _write(path, [{"name": "t", "user": "alice", "ft_state": "completed", "array": None, "attempts": []}], False)
-    conn = __import__("sqlite3").connect(path)
+    conn = sqlite3.connect(path)
     with conn:
         conn.execute(f"DROP TABLE {history_memo.TABLE}")
     conn.close()
@@ -180,7 +181,7 @@ def test_eligible_options_print_from_the_memo_and_the_others_never_do(tmp_path):
            "attempts": [{"state": "COMPLETED", "ended": True, "verdict": None, "evidence": [], "actions": []}]}
     _write(path, [job, {**job, "ft_state": "running"}], False)
     assert _fill(path) == 1
-    conn = __import__("sqlite3").connect(path)
+    conn = sqlite3.connect(path)
     with conn:
         conn.execute(f"UPDATE {history_memo.TABLE} SET list = 'MEMO-LIST' || char(10) || 'MEMO-ATTEMPT', "
                      f"chain = 'MEMO-CHAIN'")

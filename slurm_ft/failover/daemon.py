@@ -44,7 +44,7 @@ from ..slurm import split_nodes as _split_nodes  # noqa: F401  (kept for importe
 from ..jobinfo import list_jobs
 from ..journal import identity
 from . import machine, mailbox, policy
-from .effects import Effects
+from .effects import RESUMED_ACTS, Effects
 from .intent import recover as recover_failover
 from .events import EventSpool
 from .reconcile import Reconciler
@@ -62,9 +62,6 @@ MAX_SCAN_READS = 50
 SCAN_SHARE = 20.0
 #: Seconds a full scan may take (``squeue`` over the whole queue) before it is abandoned.
 FULL_SCAN_TIMEOUT_S = 120.0
-#: Intents whose resumption changes the job in Slurm (slurm_ft.failover.effects.Effects.resume):
-#: such a job is planned next cycle, from a fresh read.
-RESUMED_ACTS = ("failover", "release", "evacuation", "continue")
 #: The ft token in a comment (job_submit.lua writes it first; legacy ``--comment=ft``).
 FT_WORD = re.compile(r"(?:^|\s)ft(?::|\s|$)")
 #: Seconds before a full scan that failed (slurmctld restarting, a timeout) is tried again.
@@ -303,7 +300,7 @@ class Daemon:
             if jid not in jobs or self._backoff.get(jid, 0.0) > now or jid in self._renewed_ids:
                 continue
             self._guarded(jid, lambda: self.effects.resume(intent, jobs[jid]))
-            if intent["action"] in RESUMED_ACTS:
+            if intent["action"] in RESUMED_ACTS:     # it changed the job: planned next cycle, fresh
                 resumed.add(jid)
         # 4. every job in this cycle, faults first: a burst of ordinary ends never delays a failover
         urgent = {jid for jid, job in jobs.items()

@@ -31,6 +31,9 @@ REQUEST_TTL_S = 600.0
 #: ``internal-error``: the daemon's backoff spreads them over about 15 s (1 + 2 + 4 + 8), longer
 #: than a slurmctld restart takes (about 5 s on the lab).
 REQUEUE_TRIES = 5
+#: Intents :meth:`Effects.resume` carries out again (each changes the job in Slurm); a sub-step
+#: (drain, requeue, update, start-now) is re-checked by its parent instead.
+RESUMED_ACTS = ("failover", "release", "evacuation", "continue")
 
 
 class Effects:
@@ -243,8 +246,7 @@ class Effects:
         self.drain(job.job_id, attempt, blamed, verdicts, retry=True)
         refused = steps.requeue_in_place(self.slurm, j, job.job_id, attempt)
         if refused:
-            tries = sum(1 for a in j.actions(job.job_id)
-                        if a["action"] == "requeue" and a["attempt"] == attempt and a["status"] == "failed")
+            tries = self._refusals(job.job_id, attempt, "requeue")
             if tries < REQUEUE_TRIES:
                 # a refusal may be slurmctld restarting or an RPC lost ("Unexpected message
                 # received", measured on 22.05 in the restart's first second): the failover's
@@ -309,9 +311,7 @@ class Effects:
                 self.journal.finish(step, "failed", str(exc))
                 refused.append((node, exc))
         if retry and refused:
-            tries = {node: sum(1 for a in self.journal.actions(job_id, attempt)
-                               if a["action"] == "drain" and a["target"] == node and a["status"] == "failed")
-                     for node, _ in refused}
+            tries = {node: self._refusals(job_id, attempt, "drain", node) for node, _ in refused}
             again = [(node, exc) for node, exc in refused if tries[node] < REQUEUE_TRIES]
             if again:
                 node, exc = again[0]
@@ -369,7 +369,7 @@ class Effects:
             if why is not None:
                 self.journal.finish(intent["id"], "skipped", why)
             return
-        if intent["action"] not in ("failover", "release", "evacuation", "continue"):
+        if intent["action"] not in RESUMED_ACTS:
             # a sub-step (drain, requeue, update, start-now) cut short: its parent re-checks it
             self.journal.finish(intent["id"], "abandoned", "daemon restarted mid-step; step re-checked")
             return
@@ -403,6 +403,12 @@ class Effects:
         return None
 
     # ------------------------------------------------------------------ helpers
+    def _refusals(self, job_id: int, attempt: int, action: str, target: str | None = None) -> int:
+        """``action`` steps of the attempt Slurm refused (journaled ``failed``), of ``target`` only
+        when given: a step is retried until :data:`REQUEUE_TRIES` refusals."""
+        return sum(1 for a in self.journal.actions(job_id, attempt)
+                   if a["action"] == action and a["status"] == "failed" and (target is None or a["target"] == target))
+
     def try_update(self, job_id: int, **fields: str) -> None:
         try:
             self.slurm.update_job(job_id, **fields)

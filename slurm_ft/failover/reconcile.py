@@ -221,15 +221,16 @@ class Reconciler:
             if fact["kind"] == DRAIN_LIFTED or cur is None:
                 continue
             row = fact["row"]
+            # journaled after this slurmctld started: it took slurm-ft's drain (never forgot it)
+            after_boot = row["created"] >= min(self.boot + BOOT_SLACK_S, self._boot_seen_at)
             if cur.drained:
-                if (row["created"] < min(self.boot + BOOT_SLACK_S, self._boot_seen_at)
-                        and (cur.reason or "").startswith(SLURM_REASONS)):
+                if not after_boot and (cur.reason or "").startswith(SLURM_REASONS):
                     # slurmctld forgot slurm-ft's drain and drained the node for a reason of its
                     # own (the rolled-back job's launch or kill failed there): the node is out of
                     # service, but its reason no longer says why; an admin would resume it
                     self._redrain(node, fact)
                 continue          # slurm-ft's drain holds, or an admin's
-            if row["created"] >= min(self.boot + BOOT_SLACK_S, self._boot_seen_at) and not self.ctld_restarted(True):
+            if after_boot and not self.ctld_restarted(True):
                 # (slurmctld's start time read again after the node list: a restart in between
                 # would make a forgotten drain look lifted)
                 # this controller took slurm-ft's drain, and someone lifted it since: an admin
