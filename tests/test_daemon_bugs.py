@@ -804,3 +804,22 @@ def test_only_cross_job_suspicion_names_nodes_to_avoid(rules, nodes):
     verdicts = [{"node": n, "verdict": "unknown", "rule": r} for n, r in zip(nodes, rules)]
     want = {v["node"] for v in verdicts if v["node"] and v["rule"] == "unverified:node-crash-recurring"}
     assert set(policy.avoided_by(verdicts)) == want
+
+
+def test_a_health_drain_lifted_before_the_job_started_evacuates_nothing(w):
+    """The daemon reads the node list every ``[failover] node_poll_s`` and the jobs every cycle.
+    A health drain it saw, lifted by an admin (or a test's clean-up) before a new job started on
+    the node, must not evacuate that job from a node view older than the job. Before: CI's lab saw
+    a job killed 0.06 s after its start, ``evacuated without a checkpoint``, by the previous
+    test's row-remap drain (``tests/test_lab_health.py``)."""
+    node = w.slurm.node_names[0] if hasattr(w.slurm, "node_names") else sorted(w.slurm.node_recs)[0]
+    w.slurm.drain_by_node(node, "slurm-ft: row_remap: GPU0 row remap pending")
+    w.step(dt=6.0)                                      # past node_poll_s: the daemon sees the drain
+    w.slurm._update_node(node, {"State": "RESUME"})     # the admin resumes it
+    jid = w.start(required=(node,))                     # a new job lands there at once
+    w.step(dt=0.5, n=4)                                 # within node_poll_s of the drained view
+    w.step(dt=2.0, n=4)
+    with w.journal() as j:
+        assert not [a for a in j.actions(jid, 0) if a["action"] in ("evacuate", "ckpt-notify")]
+    job = w.job(jid)
+    assert job.state == "RUNNING" and job.restart == 0 and _requeued(w, jid) == 0

@@ -125,6 +125,7 @@ class Daemon:
         self._backoff: dict[int, float] = {}                   # job -> not before
         self._next_scan = 0.0
         self._next_nodes = 0.0
+        self._nodes_at = float("-inf")     # clock() when the node list in self.nodes was read
         self._rows: list | None = None                         # this cycle's full scan, if any
         self.cycle_errors: list[str] = []                      # Slurm/journal trouble this cycle (logged, retried)
         self.leader = None                                     # .leader.Leader once the controllers are known
@@ -379,7 +380,21 @@ class Daemon:
         self._seen_keys = {k for k in self._seen_keys if not k[1].startswith(f"{jid}.")}  # mailbox keys: job.attempt
 
     def refresh_nodes(self) -> None:
+        """Read the node list (``scontrol show nodes``) into :attr:`nodes`; raises
+        SlurmCommandError."""
+        at = self.clock()
         self.nodes = self.slurm.nodes()
+        self._nodes_at = at
+
+    def _nodes_predate(self, job: Job) -> bool:
+        """The node view may be older than the running job's start while it shows one of the
+        job's nodes health-drained: a drain lifted before the job started there (the node list is
+        read every ``[failover] node_poll_s``, the jobs every cycle). Slurm's StartTime is whole
+        seconds, so a view read within the start's second is not proof either."""
+        if job.state != "RUNNING" or not job.start_time or self._nodes_at >= job.start_time + 1:
+            return False
+        view = {n.name: n for n in self.nodes}
+        return any(machine.health_drain(view.get(name)) is not None for name in _split_nodes(job.nodes))
 
     def fresh_top_priority(self, exclude: int) -> int:
         """Highest priority of the pending/running jobs slurm-ft did not boost, read now (one
@@ -452,6 +467,16 @@ class Daemon:
         """Plan and act for one job."""
         now = self.clock()
         self._light[job.job_id] = (job.state, job.reason, job.nodes)
+        if self._nodes_predate(job):
+            # a health drain acts on a running job only from a node read newer than the job
+            # (its evacuation kills the attempt): read the nodes again, now, after the job's read
+            try:
+                self.refresh_nodes()
+            except SlurmCommandError as exc:
+                log.error("nodes: %s (job %s planned next cycle)", exc, job.job_id)
+                self.cycle_errors.append(f"nodes: {exc}")
+                self._watch[job.job_id] = now + self.cfg.failover.poll_interval_s
+                return None
         facts = self.facts(job, now)
         fresh = None if replan else self.reconciler.redo(job, facts)   # Slurm lost a requeue: redone
         if fresh is not None:
