@@ -5,11 +5,13 @@ What ``ft-history`` prints for a job whose ft state is final does not change any
 row of it does. The history service (the daemon's child, root, on the controller) therefore
 renders ahead, with ``ft-history``'s own code (:func:`slurm_ft.history._chain`,
 :mod:`slurm_ft.history_format`: no second renderer), the two default outputs of each finished
-job of the last :data:`MEMO_DAYS` days into the journal's ``history_memo`` table (migration
-``009_history_memo``), one row per record::
+job of the last :data:`MEMO_DAYS` days, and the job row alone of each finished job of the last
+:data:`ROW_DAYS` days (what ``-u USER -X -P`` over a year prints: about 150 bytes a job), into
+the journal's ``history_memo`` table (migration ``009_history_memo``), one row per record::
 
     job_id  the record key (a job id, or a retired record's negative key)
-    key     :func:`render_key` of the process that rendered it
+    key     :func:`render_key` of the process that rendered it (a whole row), or
+            :func:`row_key` (the job row alone: ``chain`` is empty, ``list`` its first line)
     t0, t1  the record's time span (slurm_ft.history._spans' expressions), epoch seconds
     list    the ``-P`` lines of the default columns (LIST_FORMAT): the job row, then each attempt
     chain   the retry-chain view (heading, table with its header, hang lines)
@@ -29,7 +31,10 @@ the job as before:
   ``-D``, ``--json`` (``slurm_ft.history.memo_kind``), and no row waits in the journal's spool.
 
 A user name held as a uid is shown as the name this host's passwd gave when the job was
-rendered. The memo costs about 1 KB a job (~30 MB for 60 days of a site with 14,000 jobs a month);
+rendered. The memo costs about 1 KB a job for :data:`MEMO_DAYS` and 150 bytes for the rest of
+:data:`ROW_DAYS` (~30 + 25 MB for a site with 14,000 jobs a month); a whole row older than
+:data:`MEMO_DAYS` is cut to its job row, a row older than :data:`ROW_DAYS` or of another
+rendering code is deleted;
 none is written while the journal's filesystem has less than :data:`MIN_FREE_BYTES` free (a
 cache never takes the daemon's last free pages). Errors are the caller's to log: :func:`fill`
 raises ``sqlite3.Error``; :func:`lookup` answers {} for a journal without the table.
@@ -49,8 +54,11 @@ from pathlib import Path
 from .failover import policy
 
 TABLE = "history_memo"
-#: Days back (by the job record's last update) the memo covers; older windows render as before.
+#: Days back (by the job record's last update) the memo holds whole rows (every default output).
 MEMO_DAYS = 62
+#: Days back it holds the job row alone (``-X -P``/``-X -p``: a user's jobs of a year); older
+#: records render as before.
+ROW_DAYS = 400
 #: Free bytes the journal's filesystem must keep for :func:`fill` to write.
 MIN_FREE_BYTES = 64 * 2 ** 20
 #: Records rendered in one write transaction (about 10 ms of the journal's write lock).
@@ -87,6 +95,11 @@ def render_key() -> str:
     return hashlib.sha256(f"{_code_hash()}|{tz_key()}".encode()).hexdigest()[:24]
 
 
+def row_key() -> str:
+    """The key of a memo row cut to its job row (:data:`MEMO_DAYS` < age <= :data:`ROW_DAYS`)."""
+    return render_key() + ":row"
+
+
 def create(conn) -> None:
     """The table and its triggers (migration ``009_history_memo``; idempotent)."""
     conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (job_id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
@@ -106,10 +119,11 @@ def lookup(journal, keys, kind: str) -> dict[int, tuple]:
     if column is None or getattr(journal, "spooled", False) or not keys:
         return {}
     from .history import _read     # sqlite3's own C text decoder (the journal's is per value)
+    held = [render_key(), row_key()] if kind == "jobrow" else [render_key()]
     try:
-        _, rows = _read(journal.db.conn, f"SELECT job_id, t0, t1, {column} FROM {TABLE} WHERE key = ? AND job_id IN "
-                                         f"(SELECT value FROM json_each(?))",
-                        [render_key(), json.dumps(sorted(int(k) for k in keys))])
+        _, rows = _read(journal.db.conn, f"SELECT job_id, t0, t1, {column} FROM {TABLE} WHERE key IN "
+                                         f"(SELECT value FROM json_each(?)) AND job_id IN (SELECT value FROM json_each(?))",
+                        [json.dumps(held), json.dumps(sorted(int(k) for k in keys))])
     except sqlite3.OperationalError:     # a journal from before migration 009, opened read-only
         return {}
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
@@ -124,18 +138,23 @@ def _finals() -> list[str]:
 
 
 def missing(conn, now: float, limit: int) -> list[int]:
-    """Up to ``limit`` record keys of finished jobs updated within :data:`MEMO_DAYS` that have no
-    memo row of this :func:`render_key`, the most recently updated first."""
+    """Up to ``limit`` record keys of finished jobs updated within :data:`ROW_DAYS` that have no
+    memo row of this code (:func:`render_key`; :func:`row_key` past :data:`MEMO_DAYS`), the most
+    recently updated first."""
     finals = _finals()
-    sql = (f"SELECT j.job_id FROM jobs j LEFT JOIN {TABLE} m ON m.job_id = j.job_id AND m.key = ? "
+    whole_since = now - MEMO_DAYS * 86400.0
+    sql = (f"SELECT j.job_id FROM jobs j LEFT JOIN {TABLE} m ON m.job_id = j.job_id "
+           f"AND (m.key = ? OR (m.key = ? AND j.updated < ?)) "
            f"WHERE j.updated >= ? AND j.ft_state IN ({', '.join('?' * len(finals))}) AND m.job_id IS NULL "
            f"ORDER BY j.updated DESC LIMIT ?")
-    return [r[0] for r in conn.execute(sql, [render_key(), now - MEMO_DAYS * 86400.0, *finals, limit])]
+    return [r[0] for r in conn.execute(sql, [render_key(), row_key(), whole_since, now - ROW_DAYS * 86400.0,
+                                             *finals, limit])]
 
 
 def render(journal, keys, now: float) -> list[tuple]:
-    """(key, render key, t0, t1, list text, chain text) for each finished record of ``keys``, by
-    ``ft-history``'s own code (records whose ft state is not final are left out)."""
+    """(key, memo key, t0, t1, list text, chain text) for each finished record of ``keys``, by
+    ``ft-history``'s own code (records whose ft state is not final are left out); a record last
+    updated before :data:`MEMO_DAYS` is its job row alone (:func:`row_key`)."""
     from . import history as hist
     from . import history_format as fmt
     from .journal import identity
@@ -149,13 +168,18 @@ def render(journal, keys, now: float) -> list[tuple]:
         return []
     rows = hist._Prefetched(journal, jobs, jobs)
     arrays, retired = identity.arrays(journal), identity.retired(journal)
-    list_cols, key = fmt.parse_format(fmt.LIST_FORMAT), render_key()
+    list_cols, key, short = fmt.parse_format(fmt.LIST_FORMAT), render_key(), row_key()
+    whole_since = now - MEMO_DAYS * 86400.0
     out = []
     for job_id, job in jobs.items():
         h = hist._chain(rows, job_id, job, arrays.get(job_id), retired.get(job_id))
         t0, t1 = rows.spans.get(job_id, (None, None))
-        listed = "\n".join(fmt.parsable(list_cols, fmt.rows(h, now=now), header=False))
-        out.append((job_id, key, t0, t1, listed, fmt.chain(h, header=True, now=now)))
+        if (job.get("updated") or 0.0) >= whole_since:
+            listed = "\n".join(fmt.parsable(list_cols, fmt.rows(h, now=now), header=False))
+            out.append((job_id, key, t0, t1, listed, fmt.chain(h, header=True, now=now)))
+        else:
+            row = fmt.parsable(list_cols, fmt.rows(h, attempts=False, now=now), header=False)
+            out.append((job_id, short, t0, t1, "\n".join(row), ""))
     return out
 
 
@@ -170,20 +194,25 @@ def room(path: str) -> bool:
 
 def fill(journal, *, now: float | None = None, limit: int = CHUNK, clock=time.time) -> int:
     """Render up to ``limit`` missing records (:func:`missing`) and store them, in one write
-    transaction (BEGIN IMMEDIATE: reads and writes see the same rows); also drops memo rows past
-    :data:`MEMO_DAYS`. Returns how many were stored (0: nothing to do, or no room). Raises
+    transaction (BEGIN IMMEDIATE: the rendering reads and the writes see the same rows, and a
+    record changed since :func:`missing` read it is rendered as it is now); the pass's last call
+    (nothing missing) ages the memo (:data:`MEMO_DAYS`, :data:`ROW_DAYS`, other codes' rows). Returns how many were stored (0: nothing to do, or no room). Raises
     ``sqlite3.Error`` (a locked or full journal: the next pass tries again)."""
     if not room(journal.path):
         return 0
     conn = journal.db.conn
     now = clock() if now is None else now
+    keys = missing(conn, now, limit)   # a read (a pass's last walks ROW_DAYS of jobs): no write lock
     conn.execute("BEGIN IMMEDIATE")
     try:
-        keys = missing(conn, now, limit)
         made = render(journal, keys, now) if keys else []
         conn.executemany(f"INSERT OR REPLACE INTO {TABLE} (job_id, key, t0, t1, list, chain) VALUES (?, ?, ?, ?, ?, ?)",
                          made)
-        conn.execute(f"DELETE FROM {TABLE} WHERE t1 < ?", [now - (MEMO_DAYS + 1) * 86400.0])
+        if not keys:        # a pass's last chunk: age the memo (whole rows to job rows, then out)
+            conn.execute(f"UPDATE {TABLE} SET key = ?, chain = '', list = {_KINDS['jobrow']} "
+                         f"WHERE key = ? AND t1 < ?", [row_key(), render_key(), now - (MEMO_DAYS + 1) * 86400.0])
+            conn.execute(f"DELETE FROM {TABLE} WHERE t1 < ? OR key NOT IN (?, ?)",
+                         [now - (ROW_DAYS + 1) * 86400.0, render_key(), row_key()])
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

@@ -6,6 +6,7 @@ state), every option that uses the memo, and after any later change to a job's r
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 
 import pytest
@@ -72,15 +73,15 @@ def _write(path, jobs: list[dict], retire_first: bool) -> None:
     conn.close()
 
 
-def _run(path, args) -> str:
-    r = CliRunner().invoke(command, ["--journal", str(path), "-S", "now-30days", *args])
+def _run(path, args, since: str = "now-30days") -> str:
+    r = CliRunner().invoke(command, ["--journal", str(path), "-S", since, *args])
     assert r.exit_code == 0, (args, r.output, r.exception)
     return r.output
 
 
-def _fill(path) -> int:
+def _fill(path, now: float | None = None) -> int:
     with open_journal(path) as j:
-        return history_memo.fill(j, limit=10 ** 6)
+        return history_memo.fill(j, limit=10 ** 6, now=now)
 
 
 def _memo_rows(path) -> dict[int, str]:
@@ -216,3 +217,71 @@ def test_the_window_finds_the_same_records_through_record_last(tmp_path_factory,
                       for r in j.db.conn.execute(f"SELECT job_id FROM {table} WHERE {t1} >= ?", [start])}
             legacy |= {r[0] for r in j.db.conn.execute("SELECT job_id FROM jobs WHERE created >= ?", [start])}
             assert legacy - {None} <= history._candidates(j, start), start
+
+
+#: The memo's options whose output is the job row alone (printed from a cut row too).
+ROW_ARGS = (["-u", "alice", "-X", "-P"], ["-a", "-X", "-P"], ["-u", "alice", "-X", "-p", "-n"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jobs=st.lists(JOB, min_size=1, max_size=5), retire_first=st.booleans(),
+       age_days=st.floats(history_memo.MEMO_DAYS + 1, history_memo.ROW_DAYS - 2))
+def test_jobs_older_than_the_whole_rows_keep_their_job_row(tmp_path_factory, monkeypatch, jobs, retire_first,
+                                                           age_days):
+    """A finished job last updated between MEMO_DAYS and ROW_DAYS ago is memoised as its job row
+    alone: ``-X -P``/``-X -p`` print it byte for byte as rendering does; every other output still
+    renders (nothing else is held for it)."""
+    path = tmp_path_factory.mktemp("rows") / "daemon.db"
+    then = NOW - age_days * 86400
+    with monkeypatch.context() as m:     # the journal written age_days ago (its own clock)
+        m.setattr(time, "time", lambda: then)
+        m.setattr(sys.modules[__name__], "NOW", then)
+        _write(path, jobs, retire_first)
+    since = f"now-{int(age_days) + 5}days"
+    before = {tuple(a): _run(path, a, since) for a in ARGS + ROW_ARGS}
+    stored = _fill(path)
+    finished = {100 + i for i, s in enumerate(jobs) if s["ft_state"] in policy.FINAL_STATES}
+    if retire_first and 100 in finished:
+        finished = (finished - {100}) | {-1}
+    rows = _memo_rows(path)
+    assert set(rows) == finished and stored == len(finished)
+    assert set(rows.values()) <= {history_memo.row_key()}
+    with open_journal(path, readonly=True) as j:
+        assert all("\n" not in text and chain == "" for text, chain in
+                   j.db.conn.execute(f"SELECT list, chain FROM {history_memo.TABLE}"))
+    for a in ARGS + ROW_ARGS:
+        assert _run(path, a, since) == before[tuple(a)], a
+
+
+def test_whole_rows_age_into_job_rows_then_out(tmp_path):
+    path = tmp_path / "daemon.db"
+    job = {"name": "train", "user": "alice", "ft_state": "completed", "array": None,
+           "attempts": [{"state": "FAILED", "ended": True, "verdict": "hardware", "evidence": ["Xid 79"],
+                         "actions": [("failover", "done", "")]}]}
+    _write(path, [job, {**job, "user": "bob"}], False)
+    assert _fill(path) == 2 and set(_memo_rows(path).values()) == {history_memo.render_key()}
+    xp = _run(path, ["-u", "alice", "-X", "-P", "-n"])
+    later = NOW + (history_memo.MEMO_DAYS + 2) * 86400
+    assert _fill(path, now=later) == 0          # nothing missing: the pass ages the memo
+    assert set(_memo_rows(path).values()) == {history_memo.row_key()}
+    with open_journal(path, readonly=True) as j:
+        assert history_memo.lookup(j, [100], "list") == {} and history_memo.lookup(j, [100], "chain") == {}
+        (t0, t1, text), = history_memo.lookup(j, [100], "jobrow").values()
+    assert xp == text + "\n" and _run(path, ["-u", "alice", "-X", "-P", "-n"]) == xp
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(f"UPDATE {history_memo.TABLE} SET list = 'MEMO-ROW'")
+    conn.close()
+    assert _run(path, ["-u", "alice", "-X", "-P", "-n"]) == "MEMO-ROW\n"       # printed from the cut row
+    assert all("MEMO" not in _run(path, a) for a in (["-u", "alice", "-P"], ["-a"], ["-a", "-X"]))
+    assert _fill(path, now=NOW + (history_memo.ROW_DAYS + 2) * 86400) == 0 and _memo_rows(path) == {}
+
+
+def test_rows_of_another_rendering_code_are_deleted(tmp_path, monkeypatch):
+    path = tmp_path / "daemon.db"
+    job = {"name": "t", "user": "alice", "ft_state": "completed", "array": None, "attempts": []}
+    _write(path, [job], False)
+    assert _fill(path) == 1
+    monkeypatch.setattr(history_memo, "_code_hash", lambda: "another version")
+    assert _fill(path) == 1 and _fill(path) == 0
+    assert list(_memo_rows(path).values()) == [history_memo.render_key()]
