@@ -68,9 +68,11 @@ def test_a_verdict_lost_with_slurmctlds_state_is_reposted_and_acted_on_once(lab,
     first = wait_started(slurm, job)
     bad, gpu = first.nodes, job_gpu_index(slurm, job.job_id)
     wait_for(lambda: ckpt_step(job.ckpt) >= 8, 60, "a checkpoint")
-    # slurmctld's saved state must hold the job well settled on its node: a state saved within
-    # the job's first seconds came back (CI, 22.05) as a RUNNING job with no node allocated, which
-    # slurmctld then never ends (its node registration does not name it) -- Slurm's, not this test's
+    # slurmctld's saved state must hold the job running on its node (a state saved before the start
+    # brings it back pending, to run again as attempt 0: no failover to see). One saved within the
+    # job's first seconds came back (CI, 22.05, three times) as a RUNNING job with no node
+    # allocated, which slurmctld never ends: the daemon fails that copy over GHOST_GRACE_S after
+    # the epilog's verdict (slurm_ft.failover.machine._rolled_back)
     wait_for(lambda: _saved_since(lab, first.start_time + 4), 60, "slurmctld to save the running job")
     lab.snapshot_ctld()                                     # what slurmctld had saved before the fault
     saved_at = time.time()

@@ -4,6 +4,7 @@ journal facts -> actions, from plain values (no Slurm, no journal, no clock)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from slurm_ft.config import FailoverConfig
 from slurm_ft.failover import machine as m, policy
@@ -381,3 +382,36 @@ def test_slurms_failed_node_is_read_from_scontrol_show_job():
     assert Job.from_json(parse_show_job(text, 5)).failed_nodes == ["c1"]
     assert Job.from_json(parse_show_job(text.replace(" FailedNode=c1", ""), 5)).failed_nodes == []
     assert job(failed_node="c[1-2]").failed_nodes == ["c1", "c2"]
+
+
+def test_a_running_copy_its_epilog_already_ended_is_failed_over_after_slurmctlds_grace():
+    """A slurmctld state rollback restored attempt 0 as running (22.05: with no node allocated,
+    never ended) although n1's epilog ended it with an Xid 79: left to slurmctld for the grace,
+    then failed over on that verdict (found by CI's test_lab_repost: nothing happened for 3 min)."""
+    running = job(state="RUNNING", reason="None", end_time=0)
+    young = replace(HW, time=NOW - 10)
+    out = m.plan(running, facts(verdicts=[young]), view())
+    assert kinds(out) == ["Wake"] and out[-1].at == NOW - 10 + m.GHOST_GRACE_S
+    old = replace(HW, time=NOW - m.GHOST_GRACE_S)
+    out = m.plan(running, facts(verdicts=[old]), view())
+    assert kinds(out) == ["Failover"] and out[-1].blamed == ("n1",)
+
+
+def test_verdicts_that_do_not_prove_a_running_attempt_ended_leave_it_running():
+    running = job(state="RUNNING", reason="None", end_time=0)
+    old = NOW - 10 * m.GHOST_GRACE_S
+    not_proof = [
+        replace(HW, time=NOW - 200 - 1),                                   # made before the attempt started
+        replace(HW, time=old, attempt=1),                                  # another attempt's
+        replace(HW, time=old, node="n2"),                                  # a node the attempt does not run on
+        replace(USER, time=old),                                           # not a hardware fault
+        replace(HW, time=old, rule=policy.HEALTH_RULE + "gpu-ecc"),        # a prolog's refusal
+        replace(HW, time=old, source=policy.SLURM_SOURCE),                 # Slurm's, not an epilog's
+    ]
+    for v in not_proof:
+        out = m.plan(job(state="RUNNING", reason="None", end_time=0, start_time=int(NOW - 200)),
+                     facts(verdicts=[v]), view())
+        assert "Failover" not in kinds(out) and "Wake" not in kinds(out), v
+    decided = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1")]
+    out = m.plan(running, facts(state=policy.FAILOVER, actions=decided, verdicts=[replace(HW, time=old)]), view())
+    assert "Failover" not in kinds(out)

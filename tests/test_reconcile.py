@@ -264,3 +264,67 @@ def test_a_forgotten_drain_under_slurms_own_reason_gets_its_reason_back(tmp_path
         assert rec.drain and rec.reason == (reason if replaced else theirs), (theirs, rec.reason)
         again = [x for x in _reconciles(w, jid) if x["kind"] == reconcile.DRAIN_REAPPLIED]
         assert len(again) == int(replaced), again
+
+
+def _clean_exit_on_a_faulty_gpu(w: World, jid: int) -> str:
+    """The job exits 0, but its node's epilog finds an Xid 79 of its GPU: it drains the node and
+    posts a hardware verdict; the daemon books the job completed (no failover, no drain of its
+    own). Returns the node."""
+    node = w.job(jid).nodes[0]
+    w.slurm.drain_by_node(node, f"slurm-ft: Xid 79 GPU 0000:10:00 (job {jid})")
+    w.slurm.end(jid, "COMPLETED", 0, verdicts={node: XID79}, epilogs=True)
+    for _ in range(10):
+        w.step(1.0)
+    with w.journal() as j:
+        assert j.job(jid)["ft_state"] == policy.COMPLETED
+        assert not [a for a in j.actions(jid) if a["action"] in ("drain", "failover")]
+    return node
+
+
+def test_an_epilogs_drain_that_slurm_forgot_is_reapplied(tmp_path):
+    """Found on the lab: slurmctld restarted from a state saved before the fault, and the node
+    whose epilog had drained it for an Xid 79 came back idle; with no failover of the daemon's
+    there was no ``drain`` row to reconcile, and the next job ran on the dead GPU."""
+    w = World(tmp_path)
+    jid = w.start()
+    w.step(n=2)
+    node = _clean_exit_on_a_faulty_gpu(w, jid)
+    reason = w.slurm.node_recs[node].reason
+    saved = w.slurm.saved_state()
+    r = saved["nodes"][node]
+    r.drain, r.reason, r.reason_time = False, "", 0.0
+    w.clock.advance(30)
+    w.slurm.restart_ctld(2.0, state=saved)
+    for _ in range(10):
+        w.step(1.0)
+    rec = w.slurm.node_recs[node]
+    assert rec.drain and rec.reason == reason
+    again = [x for x in _reconciles(w, jid) if x["kind"] == reconcile.DRAIN_REAPPLIED]
+    assert len(again) == 1 and again[0]["status"] == "done" and again[0]["target"] == node
+
+
+def test_an_admins_resume_of_an_epilogs_drain_is_not_undone(tmp_path):
+    w = World(tmp_path)
+    jid = w.start()
+    w.step(n=2)
+    node = _clean_exit_on_a_faulty_gpu(w, jid)
+    w.slurm.resume(node)
+    w.clock.advance(61)
+    w.step()
+    w.slurm.restart_ctld(1.0)
+    for _ in range(70):
+        w.step(1.0)
+    assert not w.slurm.node_recs[node].drain
+    assert [x["kind"] for x in _reconciles(w, jid)] == [reconcile.DRAIN_LIFTED]
+
+
+def test_epilog_drains_are_slurm_fts_reasons_and_never_health_refusals():
+    rows = reconcile.epilog_drains([
+        {"job_id": 5, "attempt": 0, "node": "n1", "created": 10.0, "rule": "xid-79",
+         "xids": [{"xid": 79, "bus_id": "0000:10:00"}]},
+        {"job_id": 6, "attempt": 1, "node": "n2", "created": 11.0, "rule": "health:gpu-count", "xids": []},
+        {"job_id": 7, "attempt": 0, "node": "", "created": 12.0, "rule": "xid-79", "xids": []},
+    ])
+    assert [(r["target"], r["detail"]) for r in rows] == [("n1", "slurm-ft: Xid 79 GPU 0000:10:00 (job 5)")]
+    facts = reconcile.drain_facts(rows)
+    assert facts["n1"]["kind"] == "drain" and facts["n1"]["drained_at"] == 10.0

@@ -66,6 +66,11 @@ REOPEN = {policy.FAILED, policy.USER_ERROR, policy.TIMEOUT, policy.IMAGE_PULL_FA
 DECIDING = ("decide", "failover", "release", "evacuation", "continue")
 #: Seconds between looks at a job whose checkpoint ack is awaited.
 ACK_POLL_S = 2.0
+#: Seconds a job Slurm shows running an attempt that its own node's epilog ended with a hardware
+#: fault (a copy restored by a slurmctld state rollback) is left for slurmctld to end before the
+#: daemon decides the attempt on that verdict (slurmctld ends such a copy within seconds once the
+#: node's slurmd reports it gone; 22.05 restored one with no node allocated, which it never ends).
+GHOST_GRACE_S = 60.0
 #: Journal action of ``slurm-ft drain --checkpoint``: an admin asks the daemon to evacuate a job
 #: (status intent until :func:`_evacuation_request` answers it).
 EVACUATE_REQUEST = "evacuate-request"
@@ -326,6 +331,9 @@ def plan(job: Job, f: Facts, v: View) -> list[Action]:
     if ack is not None:
         out.append(ack)
     if running:
+        ghost = _rolled_back(job, f, v)
+        if ghost is not None:
+            return out + ghost
         return out + _running(job, f, v, ack)
     if not job.ended:
         if job.completing:
@@ -353,6 +361,30 @@ def _attempt_records(job: Job, f: Facts) -> list[Action]:
         if have is None or any(have.get(k) != val for k, val in want.items()):
             out.append(RecordAttempt(job.job_id, attempt, tuple(sorted(want.items()))))
     return out
+
+
+def _rolled_back(job: Job, f: Facts, v: View) -> list[Action] | None:
+    """A running attempt that an epilog of one of its nodes already ended with a hardware fault:
+    the copy a slurmctld state rollback restored (its saved state predates the fault). Left to
+    slurmctld for :data:`GHOST_GRACE_S` after that verdict, then decided as a failed attempt:
+    the failover requeues the job Slurm still shows running (``scontrol requeue`` ends the copy).
+    None when there is no such verdict or the attempt is decided (reconcile redoes a lost requeue).
+
+    Only an epilog's verdict proves the attempt ended (epilogs run after the job's end on that
+    node; health and Slurm verdicts do not), and only one made after the attempt started."""
+    attempt = job.restart_count
+    if f.decided(attempt) or not job.start_time:
+        return None
+    nodes = set(split_nodes(job.nodes))
+    ended = [x for x in f.verdicts_of(attempt) if x.node in nodes and x.time >= job.start_time
+             and policy.retry_class(x) == "hardware" and x.source != policy.SLURM_SOURCE
+             and not x.rule.startswith(policy.HEALTH_RULE)]
+    if not ended:
+        return None
+    since = min(x.time for x in ended)
+    if v.now - since < GHOST_GRACE_S:
+        return [Wake(job.job_id, attempt, since + GHOST_GRACE_S, "running although its epilog ended it")]
+    return _decide(job, f, v, attempt, "FAILED", reopen=True)
 
 
 def _prolog_refusal(job: Job, f: Facts) -> Release | None:

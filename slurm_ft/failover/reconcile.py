@@ -21,7 +21,8 @@ When (docs/architecture.md, "Reconciliation with Slurm"):
 What is compared and re-applied:
 
 - ``drain-reapplied``: a node slurm-ft drained (a ``drain`` action done, or skipped because the
-  epilog had drained it already) that Slurm shows not drained, when slurmctld started *after*
+  epilog had drained it already, or a node whose epilog drained it for a hardware verdict of a
+  job the daemon never failed over: :func:`epilog_drains`) that Slurm shows not drained, when slurmctld started *after*
   that drain: drained again with the same reason, through :func:`slurm_ft.drain.drain_node`; the
   original drain time is kept in the detail (``drained_at``; Slurm's reason time is now);
   the same when Slurm shows the node drained by a reason of its own (``Kill task failed``,
@@ -49,7 +50,7 @@ import logging
 import time
 from typing import Mapping
 
-from ..drain import LEADER, OBSERVED, SLURM_REASONS, drain_node
+from ..drain import LEADER, OBSERVED, SLURM_REASONS, drain_node, drain_reason
 from ..errors import SlurmFTError
 from ..journal import identity
 from ..slurm import Job, split_nodes
@@ -71,7 +72,7 @@ DRAIN_HORIZON_S = 86400.0
 MAX_REDO, REDO_WINDOW_S = 3, 600.0
 #: Seconds a job Slurm shows running an attempt the journal says was requeued (the saved state's
 #: copy) is left for slurmctld to end before the requeue is redone on the running job.
-GHOST_GRACE_S = 60.0
+GHOST_GRACE_S = m.GHOST_GRACE_S
 #: Seconds between two reads of slurmctld's start time while some job's reads fail.
 RECHECK_S = 2.0
 #: ``BOOT_TIME`` has whole seconds: a drain journaled less than this after it may be older than
@@ -129,6 +130,19 @@ def drain_facts(rows) -> dict[str, dict]:
             elif d.get("kind") == DRAIN_LIFTED:
                 out[node] = {"kind": DRAIN_LIFTED, "row": r}
     return out
+
+
+def epilog_drains(verdicts) -> list[dict]:
+    """The drains the nodes' epilogs made, as ``drain`` rows (:func:`drain_facts`): one per
+    hardware verdict with action ``drain_node`` (``Journal.drain_verdicts``), dated by the verdict,
+    with the reason the epilog drained with (:func:`slurm_ft.drain.drain_reason`; a clean exit's
+    fault rule stays on its node: ``clean-exit`` is named instead). A job that completed or failed
+    on its own leaves no ``drain`` action of the daemon's, yet its node's drain is slurm-ft's:
+    a rollback that loses it must not put the faulty GPU back in service. Prolog health refusals
+    are not among them (rule ``health:``; their checks run again on that node)."""
+    return [{"action": "drain", "target": v["node"], "job_id": v["job_id"], "attempt": v["attempt"],
+             "created": v["created"], "status": "done", "detail": drain_reason(v["job_id"], v)}
+            for v in verdicts if v.get("node") and not str(v.get("rule") or "").startswith(policy.HEALTH_RULE)]
 
 
 def lost_requeue(job: Job, actions) -> Mapping | None:
@@ -216,7 +230,11 @@ class Reconciler:
             return                # without slurmctld's start time a forgotten drain cannot be told apart
         d, j = self.d, self.d.journal
         nodes = {n.name: n for n in d.nodes}
-        for node, fact in sorted(drain_facts(j.actions_named(("drain", ACTION), self.boot - DRAIN_HORIZON_S)).items()):
+        since = self.boot - DRAIN_HORIZON_S
+        rows = j.actions_named(("drain", ACTION), since)
+        if d.effects.fcfg.drain:
+            rows = sorted(rows + epilog_drains(j.drain_verdicts(since)), key=lambda r: r["created"] or 0.0)
+        for node, fact in sorted(drain_facts(rows).items()):
             cur = nodes.get(node)
             if fact["kind"] == DRAIN_LIFTED or cur is None:
                 continue

@@ -866,6 +866,20 @@ class Journal:
             r["xids"] = _json_list(r["xids"])
         return rows
 
+    def drain_verdicts(self, since: float, *, scan: int = 10000) -> list[dict]:
+        """Hardware verdicts whose node drained itself (action ``drain_node``: the epilog drains
+        before it posts) recorded at or after ``since`` (epoch seconds), oldest first:
+        ``[{job_id, attempt, node, created, rule, xids}]`` (``xids`` decoded). Bounded like
+        :meth:`recent_xid_verdicts` (the ``scan`` newest rows); for the daemon's reconciliation,
+        which puts back the drains a slurmctld state rollback lost (slurm_ft.failover.reconcile)."""
+        sql = ("SELECT job_id, attempt, node, created, rule, xids FROM verdicts"
+               " WHERE id > (SELECT COALESCE(MAX(id), 0) FROM verdicts) - ? AND created >= ?"
+               " AND verdict = 'hardware' AND action = 'drain_node' ORDER BY created, id")
+        rows = self._rows(sql, [int(scan), float(since)])
+        for r in rows:
+            r["xids"] = _json_list(r["xids"])
+        return rows
+
     def recent_rule_verdicts(self, since: float, rules: Iterable[str], *, limit: int = 1000,
                              scan: int = 10000) -> list[dict]:
         """Verdicts recorded at or after ``since`` (epoch seconds) whose ``rule`` is one of
