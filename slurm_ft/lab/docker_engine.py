@@ -90,7 +90,7 @@ CTLD_TIMEOUT_S = 6
 #: IPC_LOCK: what slurmd/slurmstepd use.
 CAPS = ("SYSLOG", "SYS_PTRACE", "SYS_ADMIN", "NET_ADMIN", "SYS_NICE", "IPC_LOCK")
 SHARED = "/shared"
-#: Restart policy of the node containers: ended by a signal (the RebootProgram's power cut, exit
+#: Restart policy of the node containers: ended by a signal (the power switch's cut after a RebootProgram, exit
 #: 137) Docker starts them again; ``docker kill`` (:meth:`DockerLab.kill_node`) and ``docker stop``
 #: mark a container stopped by hand, which Docker never restarts (moby's ``killWithSignal`` cancels
 #: the restart manager; tests/test_docker_lab.py ``test_lost_node_fails_over[kill]`` asserts it).
@@ -462,11 +462,13 @@ fi
 
 
 #: The Docker lab's ``RebootProgram`` (slurmd runs it as root, in the node's container; Slurm 22.05
-#: gives it no argument): leave :data:`REBOOT_MARKER`, then, from a detached child once slurmd has
-#: had time to answer the reboot RPC, cut the power: SIGKILL to docker-init's children (slurmd,
-#: munged). docker-init then exits 137 (128 + SIGKILL), the container stops, and Docker starts it
-#: again by :data:`NODE_RESTART_POLICY`; the entry sees the marker (:func:`rebooted_sh`). Refuses to
-#: run anywhere PID 1 is not docker-init (the host, a native lab).
+#: gives it no argument): it only leaves :data:`REBOOT_MARKER`; the node's power switch
+#: (:data:`POWER_SWITCH`, started by the entry) cuts the power. The program cannot cut it itself:
+#: Slurm 26.05's slurmd runs it in a PID namespace of its own (``run_command``'s clone), where no
+#: process of the container can be signalled and every process it leaves behind is killed when
+#: it exits (a detached ``pkill`` of the container's processes worked on 22.05 and 24.11 and never
+#: ran on 26.05: issue 26's RMA case). Refuses to run anywhere PID 1 is not docker-init (the host,
+#: a native lab).
 REBOOT_NODE = f"""#!/bin/sh
 # The Docker lab's RebootProgram (written by `slurm-ft lab up --engine docker`).
 set -u
@@ -475,10 +477,17 @@ case "$(tr '\\0' ' ' </proc/1/cmdline)" in
     *) echo "reboot-node: PID 1 is not docker-init: not in a lab node container" >&2; exit 1 ;;
 esac
 date -u +%FT%T >{REBOOT_MARKER}
-echo "$(date -u +%FT%T) lab reboot of $(hostname): requested, power cut in 0.5 s" >>{PRIVATE}/log/reboot.log
-setsid sh -c 'sleep 0.5; exec pkill -KILL -P 1' </dev/null >/dev/null 2>&1 &
+echo "$(date -u +%FT%T) lab reboot of $(hostname): requested, the power switch cuts it within 1 s" >>{PRIVATE}/log/reboot.log
 exit 0
 """
+
+#: A node's power switch: a child of the entry (outside any namespace slurmd makes) that waits for
+#: :data:`REBOOT_MARKER`, gives slurmd half a second to finish the reboot RPC, then cuts the power:
+#: SIGKILL to docker-init's children (slurmd, munged). docker-init then exits 137 (128 + SIGKILL),
+#: the container stops, and Docker starts it again by :data:`NODE_RESTART_POLICY`; the entry sees
+#: the marker (:func:`rebooted_sh`). Polls twice a second (one ``test`` builtin and a ``sleep``).
+POWER_SWITCH = (f"( while [ ! -e {REBOOT_MARKER} ]; do sleep 0.5; done; sleep 0.5; exec pkill -KILL -P 1 ) "
+                "</dev/null >/dev/null 2>&1 &\n")
 
 #: The Docker lab's ``HealthCheckProgram`` (slurmd, root; ``SLURMD_NODENAME`` set by slurmd).
 HEALTH_CHECK = f"""#!/bin/sh
@@ -504,7 +513,7 @@ if [ "$role" = ctl ] || [ "$role" = ctl2 ]; then
 fi
 mkdir -p /dev/lab-gpu
 for g in $(seq 0 {L.GPUS_PER_NODE - 1}); do [ -e /dev/lab-gpu/nvidia$g ] || mknod -m 0666 /dev/lab-gpu/nvidia$g c 1 3; done
-{rebooted_sh()}exec /usr/sbin/slurmd $boot -D -N "$role" >>{PRIVATE}/log/slurmd.stdout 2>&1
+{rebooted_sh()}{POWER_SWITCH}exec /usr/sbin/slurmd $boot -D -N "$role" >>{PRIVATE}/log/slurmd.stdout 2>&1
 """
 
 #: (Re)starts the slurm-ft daemon in ``ctl`` (the package's venv).
