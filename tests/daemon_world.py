@@ -1,4 +1,4 @@
-"""A daemon against the in-memory Slurm (slurm_ft.testing.fake_slurm) with real journals under a
+"""A daemon against the in-memory Slurm (tests/fake_slurm.py) with real journals under a
 temporary directory, on a fake clock: the world the daemon's unit and stateful tests drive."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from slurm_ft import config as config_mod
 from slurm_ft.failover.daemon import Daemon
 from slurm_ft.journal import open_journal
-from slurm_ft.testing.fake_slurm import FakeClock, FakeEvents, FakeSlurm
+from fake_slurm import FakeClock, FakeEvents, FakeSlurm
 
 XID79 = ("hardware", "xid-79", ((79, "0000:10:00"),))
 USER = ("user", "python-traceback", ())

@@ -1,4 +1,4 @@
-"""Issue 14: each daemon bug, reproduced against the in-memory Slurm (slurm_ft.testing.fake_slurm)
+"""Issue 14: each daemon bug, reproduced against the in-memory Slurm (tests/fake_slurm.py)
 with real journals. Every test here failed on the daemon before the fix (see the issue report)."""
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def test_a_drain_refused_while_slurmctld_restarts_is_retried_before_the_requeue(
 def test_an_unfinished_failover_that_cannot_be_resumed_does_not_block_others(w):
     """A crash leaves job A's failover as an intent; on restart Slurm refuses every read of A.
     Before the reconcile isolation, that stopped every later failover."""
-    from slurm_ft.testing.fake_slurm import Crash
+    from fake_slurm import Crash
 
     a = w.start()
     w.step()
@@ -422,7 +422,7 @@ def test_infra_retry_keeps_slurms_delay_and_fast_fail_spares_hardware(w):
 def test_daemon_killed_at_each_call_resumes_once(w, crash_at, after):
     """SIGKILL at the n-th state-changing call of a failover (before or after Slurm applied it),
     then a fresh daemon: the failover completes exactly once."""
-    from slurm_ft.testing.fake_slurm import Crash
+    from fake_slurm import Crash
 
     jid = w.start()
     node = w.job(jid).nodes[0]

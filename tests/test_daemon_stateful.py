@@ -35,7 +35,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from daemon_world import INFRA, USER, XID79, World
 from slurm_ft.failover import mailbox
-from slurm_ft.testing.fake_slurm import Crash
+from fake_slurm import Crash
 
 EXAMPLES = int(os.environ.get("SLURM_FT_STATEFUL_EXAMPLES", "60"))
 STEPS = int(os.environ.get("SLURM_FT_STATEFUL_STEPS", "50"))

@@ -19,7 +19,7 @@ from slurm_ft.errors import EvidenceError
 from slurm_ft.health import CheckResult
 from slurm_ft.nodejob import NodeJob
 from slurm_ft.nvml import fake
-from slurm_ft.testing.fake_slurm import FakeSlurm
+from fake_slurm import FakeSlurm
 
 WHY = "kernel log unreadable (/dev/kmsg: Operation not permitted) and no dmesg in /usr/bin/dmesg, /bin/dmesg"
 RULE = "verified:no-kernel-log"

@@ -21,7 +21,7 @@ from slurm_ft import epilog
 from slurm_ft.journal import migrations, open_journal
 from slurm_ft.nodejob import NodeJob
 from slurm_ft.nvml import fake
-from slurm_ft.testing.fake_slurm import FakeSlurm
+from fake_slurm import FakeSlurm
 
 SEGV = "srun: error: cn125: task 0: Segmentation fault (core dumped)\n"   # ai4d-iasc/trixie#35
 RULE = "node-crash-recurring"

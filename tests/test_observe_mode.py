@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from slurm_ft import config as config_mod
 from slurm_ft.failover.observe import OBSERVED, command_line, command_target
 from slurm_ft.slurm import Slurm, is_read
-from slurm_ft.testing.fake_slurm import FakeJob, FakeNode
+from fake_slurm import FakeJob, FakeNode
 
 from daemon_world import USER, WIDE_BREAKER, World, XID79
 

@@ -30,9 +30,9 @@ import json
 import subprocess
 from dataclasses import dataclass, field
 
-from ..errors import SlurmCommandError
-from ..failover import mailbox
-from ..slurm import Job, Node, Slurm, compress_nodes, split_nodes
+from slurm_ft.errors import SlurmCommandError
+from slurm_ft.failover import mailbox
+from slurm_ft.slurm import Job, Node, Slurm, compress_nodes, split_nodes
 
 REQUEUE_DELAY_S = 121.0
 MIN_JOB_AGE_S = 600.0
@@ -53,7 +53,7 @@ class FakeEvents:
         self.slurm = slurm
 
     def read(self) -> list:
-        from ..failover.events import Event
+        from slurm_ft.failover.events import Event
         out = []
         for ctx, job_id, restart, nodes in self.slurm.events:
             job = self.slurm.jobs_by_id.get(job_id)
@@ -340,7 +340,7 @@ class FakeSlurm:
 
     def ack(self, job_id: int, state: str = "saved", step: int = 10) -> None:
         """The job writes a checkpoint ack into its comment (slurm_ft.checkpoint.channel)."""
-        from ..checkpoint import channel
+        from slurm_ft.checkpoint import channel
         job = self.jobs_by_id[job_id]
         job.comment = channel.merge(job.comment, channel.Ack(state, job.restart, step, self.clock(), "/ckpt"))
 

@@ -1,1 +1,0 @@
-"""Test support: an in-memory Slurm (fake_slurm) for the daemon's unit and property tests."""
