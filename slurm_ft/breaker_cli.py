@@ -29,7 +29,7 @@ def _open(config_path: str | None):
 def status(as_json: bool, config_path: str | None) -> None:
     """Drains by slurm-ft in the window, per partition, against the limit; whether the daemon's
     latch is open. Exit status 0 closed, 3 open (for monitoring), 1 error."""
-    from . import breaker
+    from .drain import breaker
     from .textsafe import terminal_safe
 
     try:

@@ -24,7 +24,7 @@ from typing import Callable
 from . import assets, daemonlock
 from .errors import SlurmFTError
 from .install import untrusted
-from .slurm import plugstack_lines
+from .slurm import parse_slurm_conf, plugstack_lines
 
 ROLES = ("node", "controller")
 STATUSES = ("OK", "WARN", "FAIL", "SKIP")
@@ -69,22 +69,6 @@ class Env:
 
 
 # -------------------------------------------------------------------------------- Slurm config
-def parse_slurm_conf(text: str) -> dict[str, str]:
-    """The global ``Key=Value`` settings of a slurm.conf (keys lower-case, first wins); node,
-    partition and other multi-key lines are skipped."""
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip() or " " in key.strip() or "\t" in key.strip():
-            continue
-        key = key.strip().lower()
-        if key in ("nodename", "partitionname", "frontendname", "nodeset", "downnodes"):
-            continue
-        out.setdefault(key, value.strip())
-    return out
-
-
 def lower_keys(conf: dict[str, str]) -> dict[str, str]:
     """``scontrol show config`` (:meth:`slurm_ft.slurm.Slurm.show_config`) with lower-case keys."""
     out: dict[str, str] = {}

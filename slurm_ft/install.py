@@ -186,7 +186,7 @@ def slurm_user(conf: dict[str, str]) -> str:
 def read_slurm_conf(prefix: str, slurm_conf_dir: str) -> dict[str, str] | None:
     """The global settings of ``<prefix>/<slurm_conf_dir>/slurm.conf`` (lower-case keys; its
     ``Include`` files are not read), or None when it cannot be read."""
-    from .doctor import parse_slurm_conf
+    from .slurm import parse_slurm_conf
     try:
         return parse_slurm_conf(_target(prefix, f"{slurm_conf_dir}/slurm.conf").read_text(errors="replace"))
     except OSError:

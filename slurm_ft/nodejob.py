@@ -74,7 +74,7 @@ class NodeJob:
     stderr: str | None
     work_dir: str | None
     #: The job's name, ``SLURM_JOB_NAME``; None when the environment does not give it (Slurm
-    #: 22.05's Prolog/Epilog do not: slurm_ft.epilog.with_job_record asks slurmctld).
+    #: 22.05's Prolog/Epilog do not: slurm_ft.output_pattern.with_job_record asks slurmctld).
     job_name: str | None = None
     #: ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``: array master job id and task id; None when
     #: unknown. ``array_job_id == 0``: known not to be an array task (Slurm's own convention).

@@ -349,6 +349,22 @@ _GRES_ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)((?::[A-Za-z0-9_.+-]+)*?)(?::(
 _GRES_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 
 
+def parse_slurm_conf(text: str) -> dict[str, str]:
+    """The global ``Key=Value`` settings of a slurm.conf (keys lower-case, first wins); node,
+    partition and other multi-key lines are skipped."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip() or " " in key.strip() or "\t" in key.strip():
+            continue
+        key = key.strip().lower()
+        if key in ("nodename", "partitionname", "frontendname", "nodeset", "downnodes"):
+            continue
+        out.setdefault(key, value.strip())
+    return out
+
+
 def parse_gres(text: str | None) -> dict[str, int]:
     """A node's generic resources as Slurm prints them -> ``{name: count}`` (counts of the same
     name, e.g. two GPU types, added up).

@@ -1,4 +1,4 @@
-"""Circuit breaker on node actions (slurm_ft.breaker, docs/security.md attack 8)."""
+"""Circuit breaker on node actions (slurm_ft.drain.breaker, docs/security.md attack 8)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from slurm_ft import breaker
+from slurm_ft.drain import breaker
 from slurm_ft.config import BreakerConfig, from_dict
 from slurm_ft.drain import drain_node
 from slurm_ft.errors import ConfigError

@@ -188,7 +188,7 @@ def test_scripts_exit_0_on_bad_env_or_config(module, tmp_path, capsys):
 
 
 def test_expand_output_pattern():
-    from slurm_ft.epilog import expand_output_pattern
+    from slurm_ft.output_pattern import expand_output_pattern
     job = NodeJob.from_env({"SLURM_JOB_ID": "12", "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0",
                             "SLURM_JOB_WORK_DIR": "/home/u"})
     assert expand_output_pattern("/out/%j.out", job) == "/out/12.out"

@@ -14,7 +14,7 @@ from slurm_ft import assets, config as config_mod, daemonlock, doctor, install
 from slurm_ft.cli import main
 from slurm_ft.health.scope import NodeFacts
 from slurm_ft.journal import open_journal
-from slurm_ft.slurm import parse_config
+from slurm_ft.slurm import parse_config, parse_slurm_conf
 
 SHOW_CONFIG = """\
 Configuration data as of 2026-11-30T12:00:00
@@ -98,7 +98,7 @@ def test_every_line_has_a_status_and_failures_a_fix(site):
 
 
 def test_missing_prolog_epilog_flags_and_lua_settings(site):
-    conf = doctor.parse_slurm_conf("""
+    conf = parse_slurm_conf("""
 # a cluster before slurm-ft
 ClusterName=c1
 SlurmctldHost=ctl
@@ -116,7 +116,7 @@ NodeName=n[1-4] CPUs=8 Prolog=/not/a/global/setting
 
 
 def test_parse_slurm_conf_is_case_insensitive_and_skips_node_lines():
-    conf = doctor.parse_slurm_conf("prolog=/a # comment\nPROLOGFLAGS = Alloc\nNodeName=n1 Epilog=/x\n"
+    conf = parse_slurm_conf("prolog=/a # comment\nPROLOGFLAGS = Alloc\nNodeName=n1 Epilog=/x\n"
                                    "SlurmctldHost=ctl1(10.0.0.1)\nSlurmctldHost=ctl2\n")
     assert conf == {"prolog": "/a", "prologflags": "Alloc", "slurmctldhost": "ctl1(10.0.0.1)"}
     assert doctor.controller_hosts(doctor.lower_keys(parse_config(SHOW_CONFIG))) == ["ctl"]

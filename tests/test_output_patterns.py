@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from slurm_ft import epilog
-from slurm_ft.epilog import PatternError, expand_output_pattern, expand_pattern, pattern_needs_job_record
+from slurm_ft.output_pattern import PatternError, expand_output_pattern, expand_pattern, pattern_needs_job_record
 from slurm_ft.nodejob import NodeJob
 
 NO_VAL = 4294967294

@@ -444,7 +444,7 @@ bin_dir = "{tmp_path}/bin"
 
 
 def test_expand_output_pattern_bytes_and_bounds():
-    from slurm_ft.epilog import expand_output_pattern
+    from slurm_ft.output_pattern import expand_output_pattern
     from slurm_ft.nodejob import NodeJob
 
     job = NodeJob(12, "n1", 0, 0, None, 0, None, None, None, "/home/u")

@@ -274,7 +274,7 @@ class Effects:
         self.d.wake(job.job_id, self.d.clock())   # StartTime=now once out of COMPLETING (machine._restart)
 
     def drain(self, job_id: int, attempt: int, nodes, verdicts, retry: bool = False) -> None:
-        """Drain ``nodes`` within the circuit breaker (slurm_ft.breaker): once it opens, it stays
+        """Drain ``nodes`` within the circuit breaker (slurm_ft.drain.breaker): once it opens, it stays
         open (journaled) until ``slurm-ft breaker reset``; the job still fails over.
 
         ``retry`` (a failover): a drain Slurm refused (slurmctld restarting, unreachable) raises

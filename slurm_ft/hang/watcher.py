@@ -562,7 +562,7 @@ def start(cfg, job, env: dict, log) -> int | None:
         argv += ["--gpus", ",".join(map(str, job.gpus))]
     if cfg.source:
         argv += ["--config", cfg.source]
-    from ..epilog import expand_output_pattern
+    from ..output_pattern import expand_output_pattern
     out = expand_output_pattern(job.stdout, job) if job.stdout else None
     if out:
         argv += ["--stdout", out]

@@ -8,17 +8,8 @@ from __future__ import annotations
 import re
 
 from ..drain import LEADER, drain_node
+from ..drain.reason import health_reason
 from ..errors import SlurmFTError
-
-
-def drain_reason(results) -> str | None:
-    """``slurm-ft: <check>: <measurement>`` for the first failing result, or None if none fails."""
-    failing = [r for r in results if r.status == "fail"]
-    if not failing:
-        return None
-    first = failing[0]
-    where = f"GPU{first.gpu} " if first.gpu is not None and f"GPU{first.gpu}" not in first.measurement else ""
-    return f"{LEADER} {first.check}: {where}{first.measurement}"[:200]
 
 
 def journal_results(cfg, node: str, results, job_id: int | None, log) -> None:
@@ -36,7 +27,7 @@ def act_on_node(cfg, node: str, results, slurm, log) -> str:
     """Drain on a fail; resume a slurm-ft-drained node on a full pass if auto_resume is on.
     Returns what was done: "drained", "observed" (``[failover] mode = "observe"``: the drain or
     resume was only logged), "kept-admin-reason", "already-drained", "breaker-open: ..."
-    (the circuit breaker stopped the drain, see slurm_ft.breaker), "resumed", "still-drained"
+    (the circuit breaker stopped the drain, see slurm_ft.drain.breaker), "resumed", "still-drained"
     (every check passes, the node stays drained: slurm-ft's drain without auto_resume, or an
     admin's; ``log`` says which and how to resume it) or "none"; with ``[remediate] enabled``, on a
     node under repair: "resumed" or "remediate-failed" (slurm_ft.remediate.actions.after_checks)."""
@@ -51,7 +42,7 @@ def act_on_node(cfg, node: str, results, slurm, log) -> str:
         done = after_checks(cfg, node, results, slurm, log, rerun=rerun)
         if done is not None:
             return done
-    reason = drain_reason(results)
+    reason = health_reason(results)
     if reason:
         outcome = drain_node(slurm, node, reason, breaker=cfg.breaker)
         log(f"{node}: {reason}: {outcome}")

@@ -91,7 +91,7 @@ class Remediator:
         self.catalog = catalog()
 
     def limits(self, nodes, in_flight: int) -> P.Limits:
-        from ..breaker import limit_for
+        from ..drain.breaker import limit_for
 
         allowance = limit_for(self.d.cfg.breaker, len(nodes))
         return P.Limits(self.cfg.max_repairs, self.cfg.window_s, self.cfg.repair_timeout_s, self.cfg.reset,
@@ -298,7 +298,7 @@ def after_checks(cfg, node: str, results, slurm, log_line, rerun=None) -> str | 
     checks are run again (``rerun()``); every check passes -> the node is resumed ("resumed"), a
     fail -> reason ``slurm-ft: remediate: failed: ...`` ("remediate-failed"). None: not a node
     under repair (the caller does what it always does)."""
-    from ..health.actions import drain_reason
+    from ..drain.reason import health_reason
 
     try:
         info = slurm.show_node(node)
@@ -321,7 +321,7 @@ def after_checks(cfg, node: str, results, slurm, log_line, rerun=None) -> str | 
             return "remediate-failed"
         if rerun is not None:
             results = rerun()
-    bad = drain_reason(results)
+    bad = health_reason(results)
     if bad:
         slurm.drain(node, f"{P.FAILED}: {bad[len(P.LEADER):].strip()}"[:200])
         log_line(f"{node}: remediate: checks still fail after the repair: {bad}")

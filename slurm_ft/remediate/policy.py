@@ -79,7 +79,7 @@ class NodeFacts:
 @dataclass(frozen=True)
 class Limits:
     """``[remediate]`` settings and this cycle's allowance: ``may_start`` is False while the
-    circuit breaker forbids taking another node through a repair (slurm_ft.breaker)."""
+    circuit breaker forbids taking another node through a repair (slurm_ft.drain.breaker)."""
 
     max_repairs: int = 3
     window_s: float = 2592000.0

@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .drain import LEADER
+from .reason import LEADER
 
 
 @dataclass(frozen=True)

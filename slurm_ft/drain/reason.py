@@ -1,8 +1,7 @@
-"""Draining nodes with a slurm-ft reason, never overwriting a reason an admin set."""
+"""The drain reasons slurm-ft writes and reads: its leader (``slurm-ft:``), the reasons Slurm sets by
+itself, and the reason of a verdict's drain. No imports: every room reads these."""
 
 from __future__ import annotations
-
-from .errors import SlurmFTError
 
 LEADER = "slurm-ft:"
 #: What :func:`drain_node` returns in observe mode (the drain held back by the client's gate).
@@ -45,39 +44,14 @@ def drain_reason(job_id: int, verdict: dict) -> str:
     return f"{LEADER} {rule} (job {job_id})"
 
 
-def drain_node(slurm, node: str, reason: str, *, breaker=None, nodes: list | None = None) -> str:
-    """Drain ``node`` with ``reason`` (must start with ``slurm-ft:``).
-
-    Returns ``"drained"``; ``"kept-admin-reason"`` when the node is already drained (or down)
-    with a reason not set by slurm-ft, which is left untouched (as NHC's node-mark-offline does);
-    ``"observed"`` when the client is in observe mode (``[failover] mode = "observe"``: the drain
-    was journaled/logged as what slurm-ft would do, Slurm was not asked);
-    ``"already-drained"`` when slurm-ft drained it before (its first reason is kept: Slurm holds
-    one reason, the journal holds every verdict); ``"breaker-open: <why>"`` when ``breaker`` (the
-    ``[breaker]`` config; None = no limit, for an admin's own command) says slurm-ft has taken
-    too many nodes out of service already (:mod:`slurm_ft.breaker`; ``nodes``: the cluster's
-    nodes if the caller has them, else one ``sinfo --json``).
-    Raises :class:`SlurmCommandError` if Slurm refuses.
-    """
-    if not reason.startswith(LEADER):
-        raise ValueError(f"drain reason must start with {LEADER!r}: {reason!r}")
-    if breaker is not None:
-        from . import breaker as breaker_mod  # local: breaker imports this module
-
-        try:
-            st = breaker_mod.state(breaker, slurm.nodes() if nodes is None else nodes, node)
-        except SlurmFTError:
-            st = None  # node list unreadable: the drain below asks Slurm anyway and fails loudly if it is down
-        if st is not None and st.open:
-            return f"breaker-open: {st.why}"
-    current = slurm.show_node(node)
-    cur_reason = current.get("Reason", "")
-    state = current.get("State", "")
-    ours = cur_reason.startswith(LEADER) or cur_reason.startswith(SLURM_REASONS)
-    if cur_reason and not ours and any(s in state for s in ("DRAIN", "DOWN", "FAIL")):
-        return "kept-admin-reason"
-    if cur_reason.startswith(LEADER) and "DRAIN" in state:
-        return "already-drained"
-    slurm.drain(node, reason)
-    # [failover] mode = "observe": the client's gate held the drain back (slurm_ft/slurm.py)
-    return OBSERVED if getattr(slurm, "observe", False) else "drained"
+def health_reason(results) -> str | None:
+    """The drain reason of a node's health results (``slurm_ft.health`` results: ``status``,
+    ``check``, ``gpu``, ``measurement``): ``slurm-ft: <check>: [GPU<n> ]<measurement>`` for the
+    first failing result (cut to Slurm's 200 characters), or None if none fails. The daemon reads
+    the check and GPU back (slurm_ft.failover.machine.health_drain)."""
+    failing = [r for r in results if r.status == "fail"]
+    if not failing:
+        return None
+    first = failing[0]
+    where = f"GPU{first.gpu} " if first.gpu is not None and f"GPU{first.gpu}" not in first.measurement else ""
+    return f"{LEADER} {first.check}: {where}{first.measurement}"[:200]
