@@ -10,6 +10,7 @@ from slurm_ft.lab import docker_engine as D
 from slurm_ft.lab import layout as L
 import json
 import subprocess
+import time
 
 from slurm_ft.slurm import Job, Node, Slurm
 
@@ -167,13 +168,32 @@ def test_node_containers_restart_after_a_power_cut_but_not_after_a_manual_stop()
     assert D.NODE_RESTART_POLICY == {"Name": "on-failure", "MaximumRetryCount": 0}
 
 
-def test_reboot_program_refuses_to_run_outside_a_lab_container_and_cuts_only_pid1s_children():
+def test_reboot_program_refuses_to_run_outside_a_lab_container_and_the_power_switch_cuts_only_pid1s_children():
     text = D.REBOOT_NODE
     guard = text.index("docker-init")
-    assert text.index("pkill") > guard and "exit 1" in text[guard:text.index("esac")]
-    assert "pkill -KILL -P 1" in text and "kill -KILL -1" not in text and "setsid" in text
-    assert f">{D.REBOOT_MARKER}" in text and D.REBOOT_MARKER.startswith(D.PRIVATE + "/")
-    assert D.rebooted_sh() in D.ENTRY and 'slurmd $boot -D -N "$role"' in D.ENTRY
+    assert "exit 1" in text[guard:text.index("esac")]
+    assert text.index(f">{D.REBOOT_MARKER}") > text.index("esac")     # the marker only in a lab container
+    assert "kill" not in text     # it cuts nothing itself: 26.05's slurmd runs it in a PID namespace of its own
+    switch = D.POWER_SWITCH
+    assert "pkill -KILL -P 1" in switch and "kill -KILL -1" not in switch and D.REBOOT_MARKER in switch
+    assert D.REBOOT_MARKER.startswith(D.PRIVATE + "/")
+    # started by the entry after its boot step removed the last reboot's marker, before slurmd
+    assert D.ENTRY.index(D.rebooted_sh()) < D.ENTRY.index(switch) < D.ENTRY.index('slurmd $boot -D -N "$role"')
+
+
+def test_the_power_switch_cuts_once_the_marker_appears(tmp_path):
+    marker, cut = tmp_path / "reboot-requested", tmp_path / "cut"
+    switch = D.POWER_SWITCH.replace(D.REBOOT_MARKER, str(marker)).replace("exec pkill -KILL -P 1", f"echo cut >{cut}")
+    assert str(marker) in switch and str(cut) in switch
+    proc = subprocess.Popen(["/bin/sh", "-c", switch + "wait\n"])
+    try:
+        time.sleep(1.2)
+        assert not cut.exists()          # no marker: the power stays on
+        marker.write_text("2026-12-03T05:00:00\n")
+        proc.wait(timeout=10)
+        assert cut.read_text() == "cut\n"
+    finally:
+        proc.kill()
 
 
 def _boot(root, role="n1"):
