@@ -22,10 +22,10 @@ import re
 import shlex
 import sys
 import tomllib
-from importlib import resources
 from pathlib import Path
 
 from .config import FailoverConfig
+from .data import data_text
 
 #: Where ``slurm-ft install`` puts each kind of file (below ``--prefix``); docs/install.md.
 LIBEXEC_DIR = "/usr/local/libexec/slurm-ft"
@@ -45,11 +45,6 @@ _PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._+/@:=,-]*$")
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 #: The hook's events-directory line, as shipped (:func:`render_ctld_event` replaces its default).
 _EVENTS_LINE = "dir=${SLURM_FT_EVENTS_DIR:-/run/slurm-ft/events}\n"
-
-
-def data_text(name: str) -> str:
-    """The text of ``slurm_ft/data/<name>`` (installed package or checkout alike)."""
-    return resources.files("slurm_ft").joinpath("data", *name.split("/")).read_text(encoding="utf-8")
 
 
 def plain_path(path: str | Path, what: str) -> str:

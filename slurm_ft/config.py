@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,7 +369,6 @@ def _validate(cfg: Config) -> None:
     if not 1 <= hs.workers <= 64:
         raise ConfigError(f"history.workers: must be 1..64, got {hs.workers}")
     if hs.endpoint:
-        from .history_client import parse_endpoints   # "host:port[,host:port...]"
         try:
             parse_endpoints(hs.endpoint, hs.port)
         except ValueError as exc:
@@ -440,6 +440,27 @@ def _validate_subsections(cfg: Config) -> None:
         from .health import config as health_config
 
         health_config.from_config(cfg.health)
+
+
+#: A host as the history service's endpoints name it: a name, an IPv4 address, an IPv6 address
+#: (bracketed or not).
+HOST_RE = re.compile(r"[A-Za-z0-9_.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]|[0-9A-Fa-f:.]{2,45}")
+
+
+def parse_endpoints(text: str, default_port: int) -> list[tuple[str, int]]:
+    """``host[:port][,host[:port]...]`` (an IPv6 address in brackets: ``[::1]:6827``) as
+    ``[(host, port)]``. Raises ValueError naming the bad item."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        m = re.fullmatch(r"(\[[^\]]*\]|[^:]*)(?::([0-9]{1,5}))?", item)
+        if not item or m is None or not HOST_RE.fullmatch(m.group(1)):
+            raise ValueError(f"{item!r} is not host:port")
+        port = int(m.group(2)) if m.group(2) else default_port
+        if not 1 <= port <= 65535:
+            raise ValueError(f"{item!r}: port must be 1..65535")
+        out.append((m.group(1).strip("[]"), port))
+    return out
 
 
 def find_path(env: dict[str, str] | None = None) -> Path | None:

@@ -20,32 +20,16 @@ import socket
 import time
 from dataclasses import dataclass
 
+from .config import HOST_RE, parse_endpoints
 from .errors import SlurmFTError
 
 #: Seconds to connect to one controller before trying the next.
 CONNECT_S = 5.0
-_HOST = re.compile(r"[A-Za-z0-9_.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]|[0-9A-Fa-f:.]{2,45}")
 _CTLD_KEY = re.compile(r"^SlurmctldHost\[(\d+)\]$")
 
 
 class ServiceError(SlurmFTError):
     """The history service could not be reached or refused the query (the message says which)."""
-
-
-def parse_endpoints(text: str, default_port: int) -> list[tuple[str, int]]:
-    """``host[:port][,host[:port]...]`` (an IPv6 address in brackets: ``[::1]:6827``) as
-    ``[(host, port)]``. Raises ValueError naming the bad item."""
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        m = re.fullmatch(r"(\[[^\]]*\]|[^:]*)(?::([0-9]{1,5}))?", item)
-        if not item or m is None or not _HOST.fullmatch(m.group(1)):
-            raise ValueError(f"{item!r} is not host:port")
-        port = int(m.group(2)) if m.group(2) else default_port
-        if not 1 <= port <= 65535:
-            raise ValueError(f"{item!r}: port must be 1..65535")
-        out.append((m.group(1).strip("[]"), port))
-    return out
 
 
 def controllers(conf: dict[str, str], port: int) -> list[tuple[str, int]]:
@@ -58,13 +42,13 @@ def controllers(conf: dict[str, str], port: int) -> list[tuple[str, int]]:
             continue
         name, _, addr = value.strip().partition("(")
         host = addr.rstrip(")").strip() or name.strip()
-        if _HOST.fullmatch(host):
+        if HOST_RE.fullmatch(host):
             hosts[int(m.group(1))] = host
     if not hosts and conf.get("SlurmctldHost", "").strip():        # an unindexed line
         for i, value in enumerate(conf["SlurmctldHost"].split(",")):
             name, _, addr = value.strip().partition("(")
             host = addr.rstrip(")").strip() or name.strip()
-            if _HOST.fullmatch(host):
+            if HOST_RE.fullmatch(host):
                 hosts[i] = host
     return [(hosts[i], port) for i in sorted(hosts)]
 

@@ -52,8 +52,8 @@ import time
 from pathlib import Path
 
 from .failover import policy
+from .journal.migrations import MEMO_TABLE as TABLE
 
-TABLE = "history_memo"
 #: Days back (by the job record's last update) the memo holds whole rows (every default output).
 MEMO_DAYS = 62
 #: Days back it holds the job row alone (``-X -P``/``-X -p``: a user's jobs of a year); older
@@ -65,10 +65,6 @@ MIN_FREE_BYTES = 64 * 2 ** 20
 CHUNK = 100
 #: Seconds between two passes of the service's filler; seconds it rests between two chunks.
 PASS_S, REST_S = 30.0, 0.05
-#: Tables whose rows make up a record's history (slurm_ft.history._chain, identity): their
-#: triggers drop the record's memo row; (table, expression(s) of the record key).
-SOURCES = (("jobs", ("job_id",)), ("attempts", ("job_id",)), ("verdicts", ("job_id",)),
-           ("actions", ("job_id",)), ("job_identity", ("job_id",)), ("retired_jobs", ("key", "job_id")))
 #: The modules whose code decides the text (hashed into :func:`render_key`).
 _CODE = ("history.py", "history_format.py", "textsafe.py", "hang/report.py", "history_memo.py")
 
@@ -98,17 +94,6 @@ def render_key() -> str:
 def row_key() -> str:
     """The key of a memo row cut to its job row (:data:`MEMO_DAYS` < age <= :data:`ROW_DAYS`)."""
     return render_key() + ":row"
-
-
-def create(conn) -> None:
-    """The table and its triggers (migration ``009_history_memo``; idempotent)."""
-    conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (job_id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
-                 f"t0 REAL, t1 REAL, list TEXT NOT NULL, chain TEXT NOT NULL)")
-    for table, cols in SOURCES:
-        for event, refs in (("INSERT", ["NEW"]), ("UPDATE", ["OLD", "NEW"]), ("DELETE", ["OLD"])):
-            keys = ", ".join(f"{ref}.{c}" for ref in refs for c in cols)
-            conn.execute(f"CREATE TRIGGER IF NOT EXISTS {TABLE}_{table}_{event.lower()} AFTER {event} ON {table} "
-                         f"BEGIN DELETE FROM {TABLE} WHERE job_id IN ({keys}); END")
 
 
 def lookup(journal, keys, kind: str) -> dict[int, tuple]:

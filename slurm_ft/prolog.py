@@ -120,11 +120,11 @@ def flush_mailbox(cfg, job: NodeJob, log, later: list | None) -> None:
     if not any(os.path.lexists(os.path.join(cfg.node_state.dir, f"{kind}-{job.node}.json"))
                for kind in ("outbox", "posted")):     # mailbox._outbox_path, repost.ledger_path
         return
-    from .failover import repost
+    from .failover import mailbox, repost
 
     if not repost.pending(cfg.node_state.dir, job.node):
         return
-    work = lambda: repost.check_node(cfg, job.node, log)  # noqa: E731
+    work = lambda: mailbox.check_node(cfg, job.node, log)  # noqa: E731
     if later is None:
         work()
     else:

@@ -35,7 +35,7 @@ log = logging.getLogger("slurm_ft.slurm")
 @cache
 def _reads() -> tuple[frozenset[str], frozenset[str]]:
     """(commands, scontrol verbs) that only read: ``slurm_ft/data/slurm_reads.toml``."""
-    from .assets import data_text
+    from .data import data_text
 
     table = tomllib.loads(data_text("slurm_reads.toml"))
     return frozenset(table["commands"]), frozenset(table["scontrol_verbs"])

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from click.testing import CliRunner
 
 from slurm_ft import assets, install
+from slurm_ft.data import data_text
 from slurm_ft.cli import main
 from slurm_ft.lab import spank as lab_spank
 
@@ -439,7 +440,7 @@ def test_installed_hook_writes_an_event_into_the_rendered_dir(tmp_path):
 
 def test_contrib_hook_is_the_packaged_hook():
     contrib = ROOT / "contrib" / "slurm-ft-ctld-event"
-    assert contrib.read_text() == assets.data_text("install/slurm-ft-ctld-event") == assets.render_ctld_event()
+    assert contrib.read_text() == data_text("install/slurm-ft-ctld-event") == assets.render_ctld_event()
 
 
 def test_slurm_user_comes_from_slurm_conf(tmp_path):

@@ -340,11 +340,12 @@ def test_small_failing_jobs_do_not_evict_a_hardware_verdict(lab, slurm, user):
     its node's mailbox field (``Extra``, at most ``[failover] mailbox_keep`` = 16 records). With the
     daemon stopped (so it cannot read the verdict first), the lab's ordinary user then runs 16
     tiny failing ft jobs on that node, one after the other, each posting its own non-hardware
-    record. The hardware record stays in the field (two pools, slurm_ft.failover.mailbox.bounded;
+    record. The hardware record stays in the field (two pools, slurm_ft.failover.verdict.bounded;
     the old newest-16 rule dropped it), and once the daemon runs it acts on it: the GPU job fails
     over to another node and the node is drained with the Xid reason (the test resumed it after
     the epilog's own drain, so this drain is the daemon's, from the mailbox)."""
     from slurm_ft.failover import mailbox
+    from slurm_ft.failover.verdict import hardware_reserve
     from slurm_ft.lab.demo import submit_training, wait_started
 
     def records(node):
@@ -386,7 +387,7 @@ def test_small_failing_jobs_do_not_evict_a_hardware_verdict(lab, slurm, user):
         # earlier test left on this node within the field) leave room for; at least their pool's share
         others = {r.job_id for r in held if not r.hardware}
         assert others == set(small[len(small) - len(others):]), (others, small)
-        assert len(others) >= 16 - mailbox.hardware_reserve(16), held
+        assert len(others) >= 16 - hardware_reserve(16), held
     finally:
         lab.daemon_start()
     again = wait_started(slurm, gpu_job, 1, timeout_s=180)

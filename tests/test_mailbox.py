@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_ft.failover import mailbox
+from slurm_ft.failover.verdict import bounded, hardware_reserve
 from daemon_world import XID79, World
 
 CLASSES = ("hardware", "user", "infra", "hang", "unknown", "ok")
@@ -37,7 +38,7 @@ def _rec(i: int, verdict: str) -> mailbox.Record:
 def test_no_sequence_of_posts_evicts_one_of_the_newest_hardware_verdicts(kinds, keep, batch):
     slurm = FieldSlurm()
     posted: list[mailbox.Record] = []
-    reserve = mailbox.hardware_reserve(keep)
+    reserve = hardware_reserve(keep)
     for start in range(0, len(kinds), batch):      # an outbox posts several records at once
         recs = [_rec(i, k) for i, k in enumerate(kinds[start:start + batch], start)]
         mailbox._publish_locked(slurm, "n1", recs, "Extra", keep)
@@ -67,11 +68,11 @@ def test_sixteen_failing_jobs_do_not_evict_a_hardware_verdict():
 
 def test_a_pool_that_does_not_use_its_share_leaves_it_to_the_other():
     only_hw = [_rec(i, "hardware") for i in range(20)]
-    assert mailbox.bounded(only_hw, 16) == only_hw[-16:]
+    assert bounded(only_hw, 16) == only_hw[-16:]
     only_user = [_rec(i, "user") for i in range(20)]
-    assert mailbox.bounded(only_user, 16) == only_user[-16:]
+    assert bounded(only_user, 16) == only_user[-16:]
     mixed = [_rec(i, "hardware" if i < 12 else "user") for i in range(30)]
-    kept = mailbox.bounded(mixed, 16)
+    kept = bounded(mixed, 16)
     assert [r.job_id for r in kept if r.hardware] == list(range(1004, 1012))      # the reserve: 8
     assert len(kept) == 16
 

@@ -14,11 +14,11 @@ Rows are validated on load; a broken data file is a packaging bug and raises Con
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..data import data_text as _data_text
 from ..errors import ConfigError
 from .model import ACTIONS, CLASSES
 
@@ -93,15 +93,6 @@ class CountRule:
 @lru_cache(maxsize=None)
 def _compile(pattern: str) -> re.Pattern[bytes]:
     return re.compile(pattern.encode("utf-8"), re.IGNORECASE)
-
-
-#: The package's data directory (shipped via setup.cfg package_data).
-DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
-
-
-def _data_text(name: str) -> str:
-    with open(os.path.join(DATA_DIR, name), encoding="utf-8") as fh:
-        return fh.read()
 
 
 def _check_class_action(where: str, cls: object, action: object) -> None:

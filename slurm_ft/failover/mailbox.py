@@ -24,7 +24,8 @@ import time
 from contextlib import contextmanager
 
 from ..errors import SlurmFTError
-from .verdict import NodeVerdict
+from . import repost
+from .verdict import NodeVerdict, bounded
 
 HEADER = "slurm-ft/1"
 
@@ -39,30 +40,6 @@ def parse(field: str, node: str = "") -> list[NodeVerdict]:
     if not field.startswith(HEADER + ";"):
         return []
     return [r for r in (NodeVerdict.decode(p, node) for p in field.split(";")[1:] if p) if r is not None]
-
-
-def hardware_reserve(keep: int) -> int:
-    """Slots of a ``keep``-record field that only hardware records may take: half, rounded up."""
-    return (keep + 1) // 2
-
-
-def bounded(records: list[Record], keep: int) -> list[Record]:
-    """The records a field of at most ``keep`` records holds, oldest first, in two pools:
-
-    - **hardware** verdicts: the newest ``max(hardware_reserve(keep), keep - non-hardware)``;
-    - **other** verdicts (user, infra, hang, unknown, ok): the newest that fit in what is left.
-
-    So however many jobs fail on a node (each posts a non-hardware record), they never evict one
-    of its newest :func:`hardware_reserve` hardware verdicts before the daemon has read it (issue
-    27: 16 tiny failing jobs used to push another user's hardware verdict out of a 16-slot field).
-    A pool that does not use its share leaves it to the other; the field never holds more than
-    ``keep`` records (Slurm's field stays as small as before)."""
-    hardware = [r for r in records if r.hardware]
-    other = [r for r in records if not r.hardware]
-    n_hw = min(len(hardware), max(hardware_reserve(keep), keep - len(other)))
-    n_other = min(len(other), keep - n_hw)
-    kept = {id(r) for r in hardware[len(hardware) - n_hw:]} | {id(r) for r in other[len(other) - n_other:]}
-    return [r for r in records if id(r) in kept]
 
 
 def render(records: list[Record], keep: int) -> str:
@@ -128,8 +105,6 @@ def flush_outbox(cfg, slurm, node: str, log=None) -> bool:
     the prolog too, in its detached part, when :func:`slurm_ft.failover.repost.pending`); with an empty outbox, read the
     field only when the sent ledger asks for a check (:func:`slurm_ft.failover.repost.due`) and
     put back what a slurmctld state rollback erased. True when the outbox is empty."""
-    from . import repost
-
     state_dir = cfg.node_state.dir
     with _node_lock(state_dir, node):
         waiting = _outbox_read(state_dir, node)
@@ -145,6 +120,22 @@ def flush_outbox(cfg, slurm, node: str, log=None) -> bool:
         return True
 
 
+def check_node(cfg, node: str, log) -> None:
+    """When :func:`pending`: post ``node``'s outbox and put back what a rollback erased
+    (:func:`flush_outbox`). For a hook with nothing of its own to post:
+    the prolog's detached part, ``slurm-ft health --act`` (Slurm's ``HealthCheckProgram``, which
+    also runs on an idle or drained node). Never raises: trouble is logged, tried again next time."""
+    if not repost.pending(cfg.node_state.dir, node):
+        return
+    from ..errors import SlurmFTError
+    from ..slurm import Slurm
+    try:
+        if not flush_outbox(cfg, Slurm.from_config(cfg), node, log=log):
+            log("mailbox not checked (Slurm refused); tried again at the next prolog/epilog")
+    except (SlurmFTError, OSError) as exc:
+        log(f"mailbox not checked: {exc}")
+
+
 def _publish_locked(slurm, node: str, records: list[NodeVerdict], field: str, keep: int, *,
                     state_dir: str | None = None) -> list[NodeVerdict]:
     """Read ``node``'s field, add ``records``, write it (under the node lock). With ``state_dir``
@@ -155,7 +146,6 @@ def _publish_locked(slurm, node: str, records: list[NodeVerdict], field: str, ke
     back: list[NodeVerdict] = []
     ledger = None
     if state_dir is not None:
-        from . import repost
         now = time.time()
         back, ledger = repost.plan(repost.read_ledger(state_dir, node), current, keep, now, node)
         if back:
@@ -165,7 +155,6 @@ def _publish_locked(slurm, node: str, records: list[NodeVerdict], field: str, ke
     if fresh or back:
         slurm.update_node(node, **{field: render([*current, *fresh], keep)})
     if ledger is not None:
-        from . import repost
         try:
             repost.write_ledger(state_dir, node, repost.remember(ledger, fresh, time.time()))
         except OSError:
@@ -176,7 +165,6 @@ def _publish_locked(slurm, node: str, records: list[NodeVerdict], field: str, ke
 def _journal_reposts(cfg, node: str, records: list[NodeVerdict], log) -> None:
     if not records:
         return
-    from . import repost
     if log is not None:
         log(f"re-posted {len(records)} verdict(s) missing from {node}'s mailbox field (a slurmctld state "
             f"rollback): {', '.join(r.key for r in records)}")

@@ -13,7 +13,7 @@ what it posted, so it can post it again:
   confirmed record is in every state slurmctld can restart from: the ledger forgets it.
 - **the check**: every post reads the field anyway (read-modify-write); before writing, the
   ledger's records missing from it are put back (:func:`plan`), in time order, within the field's
-  bound (:func:`slurm_ft.failover.mailbox.bounded`: a record the field would have pushed out by
+  bound (:func:`slurm_ft.failover.verdict.bounded`: a record the field would have pushed out by
   now is not re-posted). A prolog or epilog that posts nothing reads the field only when the
   ledger holds an unconfirmed record and the last read is :data:`RECHECK_S` old
   (:func:`due`: one ``open`` of a small file; no file, no cost), the prolog in its detached part.
@@ -113,23 +113,6 @@ def pending(state_dir: str, node: str) -> bool:
         return due(state_dir, node)
 
 
-def check_node(cfg, node: str, log) -> None:
-    """When :func:`pending`: post ``node``'s outbox and put back what a rollback erased
-    (:func:`slurm_ft.failover.mailbox.flush_outbox`). For a hook with nothing of its own to post:
-    the prolog's detached part, ``slurm-ft health --act`` (Slurm's ``HealthCheckProgram``, which
-    also runs on an idle or drained node). Never raises: trouble is logged, tried again next time."""
-    if not pending(cfg.node_state.dir, node):
-        return
-    from ..errors import SlurmFTError
-    from ..slurm import Slurm
-    from .mailbox import flush_outbox
-    try:
-        if not flush_outbox(cfg, Slurm.from_config(cfg), node, log=log):
-            log("mailbox not checked (Slurm refused); tried again at the next prolog/epilog")
-    except (SlurmFTError, OSError) as exc:
-        log(f"mailbox not checked: {exc}")
-
-
 def remember(ledger: dict, records, now: float) -> dict:
     """``ledger`` with ``records`` (NodeVerdict) just posted (a record already held keeps its entry)."""
     have = {e["r"] for e in ledger["records"]}
@@ -141,11 +124,10 @@ def plan(ledger: dict, current: list, keep: int, now: float, node: str = ""):
     """What to put back in a field that holds ``current`` (NodeVerdict, oldest first; read now):
     returns ``(reposts, ledger')``. ``reposts``: the ledger's records missing from ``current``
     that a field of ``keep`` records holding ``current`` and them (in time order,
-    :func:`slurm_ft.failover.mailbox.bounded`) keeps; ``ledger'``: without the records confirmed
+    :func:`slurm_ft.failover.verdict.bounded`) keeps; ``ledger'``: without the records confirmed
     (in the field, posted :data:`CONFIRM_S` ago), pushed out by newer records, too old, or
     re-posted :data:`MAX_REPOSTS` times; a re-posted record's clock starts again. Pure."""
-    from .mailbox import bounded
-    from .verdict import NodeVerdict
+    from .verdict import NodeVerdict, bounded
 
     present = {r.encode() for r in current}
     entries, lost = [], []

@@ -131,3 +131,28 @@ SUMMARY_CHARS = 300
 def _printable(text: str) -> str:
     """``text`` as printable ASCII (anything else ``?``), at most :data:`SUMMARY_CHARS`."""
     return "".join(c if " " <= c <= "~" else "?" for c in str(text)[:SUMMARY_CHARS])
+
+
+# -- a node's mailbox field holds at most ``keep`` records (slurm_ft.failover.mailbox) ---------------
+def hardware_reserve(keep: int) -> int:
+    """Slots of a ``keep``-record field that only hardware records may take: half, rounded up."""
+    return (keep + 1) // 2
+
+
+def bounded(records: list[NodeVerdict], keep: int) -> list[NodeVerdict]:
+    """The records a field of at most ``keep`` records holds, oldest first, in two pools:
+
+    - **hardware** verdicts: the newest ``max(hardware_reserve(keep), keep - non-hardware)``;
+    - **other** verdicts (user, infra, hang, unknown, ok): the newest that fit in what is left.
+
+    So however many jobs fail on a node (each posts a non-hardware record), they never evict one
+    of its newest :func:`hardware_reserve` hardware verdicts before the daemon has read it (issue
+    27: 16 tiny failing jobs used to push another user's hardware verdict out of a 16-slot field).
+    A pool that does not use its share leaves it to the other; the field never holds more than
+    ``keep`` records (Slurm's field stays as small as before)."""
+    hardware = [r for r in records if r.hardware]
+    other = [r for r in records if not r.hardware]
+    n_hw = min(len(hardware), max(hardware_reserve(keep), keep - len(other)))
+    n_other = min(len(other), keep - n_hw)
+    kept = {id(r) for r in hardware[len(hardware) - n_hw:]} | {id(r) for r in other[len(other) - n_other:]}
+    return [r for r in records if id(r) in kept]

@@ -204,7 +204,8 @@ def endpoints(cfg, slurm, timeout_s: float) -> list[tuple[str, int]]:
     ``[history] endpoint``, else each ``SlurmctldHost`` at ``[history] port``; ``scontrol show
     config`` is given at most ``timeout_s``. Raises :class:`slurm_ft.errors.SlurmFTError`."""
     from ..errors import SlurmFTError
-    from ..history_client import controllers, parse_endpoints
+    from ..config import parse_endpoints
+    from ..history_client import controllers
     from ..slurm import parse_config
 
     if cfg.history.endpoint:

@@ -83,7 +83,7 @@ def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], n
             cfg = config_mod.load(config_path)
         expected = None
         if act:  # as HealthCheckProgram: only the checks the prolog runs here (slurm_ft.health.scope)
-            from ..failover.repost import check_node   # verdicts a slurmctld rollback erased: re-posted
+            from ..failover.mailbox import check_node   # verdicts a slurmctld rollback erased: re-posted
             check_node(cfg, node, lambda m: click.echo(m, err=True))
             from .config import from_config
             from .scope import decide, node_facts, scontrol_lookup

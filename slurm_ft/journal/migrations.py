@@ -120,11 +120,25 @@ def m008_verdict_uid(db: sqlite_utils.Database) -> None:
     db["verdicts"].add_column("uid", int)
 
 
+#: The history memo's table (slurm_ft.history_memo).
+MEMO_TABLE = "history_memo"
+#: Tables whose rows make up a record's history (slurm_ft.history._chain, identity): their
+#: triggers drop the record's memo row; (table, expression(s) of the record key).
+MEMO_SOURCES = (("jobs", ("job_id",)), ("attempts", ("job_id",)), ("verdicts", ("job_id",)),
+           ("actions", ("job_id",)), ("job_identity", ("job_id",)), ("retired_jobs", ("key", "job_id")))
+
 def m009_history_memo(db: sqlite_utils.Database) -> None:
     """``history_memo``: ``ft-history``'s pre-rendered text of finished jobs, and the triggers that
-    drop a record's row whenever a row of that record changes (slurm_ft.history_memo; issue 26)."""
-    from ..history_memo import create
-    create(db.conn)
+    drop a record's row whenever a row of that record changes (slurm_ft.history_memo; issue 26).
+    Idempotent."""
+    conn = db.conn
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {MEMO_TABLE} (job_id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
+                 f"t0 REAL, t1 REAL, list TEXT NOT NULL, chain TEXT NOT NULL)")
+    for table, cols in MEMO_SOURCES:
+        for event, refs in (("INSERT", ["NEW"]), ("UPDATE", ["OLD", "NEW"]), ("DELETE", ["OLD"])):
+            keys = ", ".join(f"{ref}.{c}" for ref in refs for c in cols)
+            conn.execute(f"CREATE TRIGGER IF NOT EXISTS {MEMO_TABLE}_{table}_{event.lower()} AFTER {event} ON {table} "
+                         f"BEGIN DELETE FROM {MEMO_TABLE} WHERE job_id IN ({keys}); END")
 
 
 #: Each table's "last time" of a record (slurm_ft.history._TIMES' second expressions).
