@@ -463,6 +463,19 @@ def parse_endpoints(text: str, default_port: int) -> list[tuple[str, int]]:
     return out
 
 
+def trusted_bin_dir(cfg) -> str:
+    """``[slurm] bin_dir`` of a config only root can change; else the default. A user's own
+    ``--config``/``$SLURM_FT_CONFIG`` must not pick the ``scontrol`` that answers PrivateData."""
+    default = SlurmConfig().bin_dir
+    if cfg is None or cfg.source is None:
+        return default if cfg is None else cfg.slurm.bin_dir
+    try:
+        st = os.stat(cfg.source)
+    except OSError:
+        return default
+    return cfg.slurm.bin_dir if st.st_uid == 0 and not st.st_mode & 0o022 else default
+
+
 def find_path(env: dict[str, str] | None = None) -> Path | None:
     """Return the config file to load per the lookup order above, or None for defaults."""
     env = os.environ if env is None else env

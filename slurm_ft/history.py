@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
 import json
 import os
 import pwd
@@ -23,6 +24,7 @@ import sqlite3
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -32,6 +34,7 @@ from . import history_format as fmt
 from .errors import JournalError, SlurmFTError
 from .failover import policy
 from .journal import identity, open_journal
+from .journal.migrations import MEMO_TABLE
 from .textsafe import terminal_safe
 from .timespec import parse_time
 
@@ -73,23 +76,10 @@ def current_viewer(cfg, uid: int | None = None, slurm=None) -> Viewer:
     from .slurm import Slurm, private_data
     try:
         timeout_s = cfg.slurm.command_timeout_s if cfg is not None else config_mod.SlurmConfig().command_timeout_s
-        conf = (slurm or Slurm(bin_dir=_trusted_bin_dir(cfg), timeout_s=timeout_s)).show_config()
+        conf = (slurm or Slurm(bin_dir=config_mod.trusted_bin_dir(cfg), timeout_s=timeout_s)).show_config()
     except SlurmFTError:
         return Viewer(uid, user, True)
     return Viewer(uid, user, "jobs" in private_data(conf), conf.get("SlurmUser", "root").split("(")[0] or "root")
-
-
-def _trusted_bin_dir(cfg) -> str:
-    """``[slurm] bin_dir`` of a config only root can change; else the default. A user's own
-    ``--config``/``$SLURM_FT_CONFIG`` must not pick the ``scontrol`` that answers PrivateData."""
-    default = config_mod.SlurmConfig().bin_dir
-    if cfg is None or cfg.source is None:
-        return default if cfg is None else cfg.slurm.bin_dir
-    try:
-        st = os.stat(cfg.source)
-    except OSError:
-        return default
-    return cfg.slurm.bin_dir if st.st_uid == 0 and not st.st_mode & 0o022 else default
 
 
 _HIDDEN = ", or not yours (Slurm PrivateData=jobs)"
@@ -502,6 +492,63 @@ def _read(conn, sql: str, args) -> tuple[list[str], list[tuple]]:
     return [d[0] for d in cur.description], cur.fetchall()
 
 
+# ------------------------------------------------------------------------------ the memo, read side
+# Finished jobs rendered ahead by the history service (slurm_ft.history_memo, the write side):
+# which rows this process may print as they are.
+#: The modules whose code decides the text (hashed into :func:`render_key`).
+_CODE = ("history.py", "history_format.py", "textsafe.py", "hang/report.py", "history_memo.py")
+
+
+def tz_key() -> str:
+    """The local time zone as this process renders times (``TZ``, names, offsets)."""
+    return f"{os.environ.get('TZ', '')}|{time.tzname}|{time.timezone}|{time.altzone}|{time.daylight}"
+
+
+@functools.lru_cache(maxsize=None)
+def _code_hash() -> str:
+    base = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    try:
+        for name in _CODE:
+            h.update(name.encode() + b"\0" + (base / name).read_bytes() + b"\0")
+    except OSError:          # code not readable as files: a key no other process has (memo unused)
+        return os.urandom(16).hex()
+    return h.hexdigest()
+
+
+def render_key() -> str:
+    """A memo row rendered by this code in this time zone carries this key (24 hex digits)."""
+    return hashlib.sha256(f"{_code_hash()}|{tz_key()}".encode()).hexdigest()[:24]
+
+
+def row_key() -> str:
+    """The key of a memo row cut to its job row (:data:`slurm_ft.history_memo.MEMO_DAYS` < age <= :data:`slurm_ft.history_memo.ROW_DAYS`)."""
+    return render_key() + ":row"
+
+
+def lookup(journal, keys, kind: str) -> dict[int, tuple]:
+    """record key -> (t0, t1, text) of the memo rows of ``keys`` that this process may print as
+    they are (``kind``: ``"list"``, ``"jobrow"``: the list's first line, the job row, or
+    ``"chain"``); {} when the journal has no memo or holds rows in its spool."""
+    column = _KINDS.get(kind)
+    if column is None or getattr(journal, "spooled", False) or not keys:
+        return {}
+    held = [render_key(), row_key()] if kind == "jobrow" else [render_key()]
+    try:
+        _, rows = _read(journal.db.conn, f"SELECT job_id, t0, t1, {column} FROM {MEMO_TABLE} WHERE key IN "
+                                         f"(SELECT value FROM json_each(?)) AND job_id IN (SELECT value FROM json_each(?))",
+                        [json.dumps(held), json.dumps(sorted(int(k) for k in keys))])
+    except sqlite3.OperationalError:     # a journal from before migration 009, opened read-only
+        return {}
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+#: What :func:`lookup` reads for each kind of text.
+_KINDS = {"list": "list", "chain": "chain", "jobrow": "substr(list, 1, instr(list || char(10), char(10)) - 1)"}
+#: SQL of a memo row's job row (its list's first line; slurm_ft.history_memo cuts old rows to it).
+JOBROW_SQL = _KINDS["jobrow"]
+
+
 # ------------------------------------------------------------------------------ -N: nodes
 #: Most node names ``-N`` takes (and the most a journal's hostlist is expanded to): a bound on
 #: the memory a hostlist such as ``n[1-999999999]`` could take (ClusterShell expands ranges).
@@ -792,8 +839,7 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float, memo: st
     if on_nodes is not None:
         jobs = {k: v for k, v in jobs.items() if k in on_nodes}
     # finished jobs rendered ahead (slurm_ft.history_memo): their text and times, no row read
-    from . import history_memo
-    done = history_memo.lookup(journal, jobs, memo) if memo and not sel.states and not sel.duplicates else {}
+    done = lookup(journal, jobs, memo) if memo and not sel.states and not sel.duplicates else {}
     spans = None
     if not sel.job_ids and (users is not None or sel.accounts is not None):
         # a user's (an account's) jobs of all time: their times first (the memo's, else one query),

@@ -57,11 +57,11 @@ def endpoints(cfg, slurm=None) -> list[tuple[str, int]]:
     """Where to ask (see the module doc). Raises :class:`ServiceError` when there is nowhere."""
     if cfg.history.endpoint:
         return parse_endpoints(cfg.history.endpoint, cfg.history.port)
-    from .history import _trusted_bin_dir
+    from .config import trusted_bin_dir
     from .slurm import Slurm
 
     try:
-        conf = (slurm or Slurm(bin_dir=_trusted_bin_dir(cfg), timeout_s=cfg.slurm.command_timeout_s)).show_config()
+        conf = (slurm or Slurm(bin_dir=trusted_bin_dir(cfg), timeout_s=cfg.slurm.command_timeout_s)).show_config()
     except SlurmFTError as exc:
         raise ServiceError(f"cannot find the controller to ask for your history: {exc}") from None
     found = controllers(conf, cfg.history.port)
@@ -97,7 +97,7 @@ def ask(cfg, sel, *, slurm=None, socket_path: str | None = None) -> Answer:
     answer. Raises :class:`ServiceError` (with what to do) when MUNGE cannot make a credential,
     no controller answers, or the service refuses the query."""
     from . import munge
-    from .history_service import MAX_REQUEST, MAX_RESPONSE, encode_query
+    from .history_protocol import MAX_REQUEST, MAX_RESPONSE, encode_query
 
     payload = encode_query(sel)
     targets = endpoints(cfg, slurm)   # first: "no controller" is the clearer error when both fail
@@ -147,7 +147,7 @@ def _decode(raw: bytes, where: str, request: bytes, verify) -> Answer:
     :class:`slurm_ft.munge.Credential`. Raises :class:`ServiceError` for a refusal and for any
     answer whose proof is not a credential of root binding this request to this JSON."""
     from . import munge
-    from .history_service import MAX_RESPONSE, proof_payload
+    from .history_protocol import MAX_RESPONSE, proof_payload
 
     if len(raw) > MAX_RESPONSE + 4096:
         raise ServiceError(f"the history service at {where} sent more than {MAX_RESPONSE} bytes")

@@ -10,16 +10,16 @@ job of the last :data:`MEMO_DAYS` days, and the job row alone of each finished j
 the journal's ``history_memo`` table (migration ``009_history_memo``), one row per record::
 
     job_id  the record key (a job id, or a retired record's negative key)
-    key     :func:`render_key` of the process that rendered it (a whole row), or
-            :func:`row_key` (the job row alone: ``chain`` is empty, ``list`` its first line)
+    key     :func:`slurm_ft.history.render_key` of the process that rendered it (a whole row), or
+            :func:`slurm_ft.history.row_key` (the job row alone: ``chain`` is empty, ``list`` its first line)
     t0, t1  the record's time span (slurm_ft.history._spans' expressions), epoch seconds
     list    the ``-P`` lines of the default columns (LIST_FORMAT): the job row, then each attempt
     chain   the retry-chain view (heading, table with its header, hang lines)
 
-A memo row is used (:func:`lookup`) only when all of these hold, else ``ft-history`` renders
+A memo row is used (:func:`slurm_ft.history.lookup`) only when all of these hold, else ``ft-history`` renders
 the job as before:
 
-- its ``key`` is the reader's :func:`render_key`: a hash of the rendering code and of the local
+- its ``key`` is the reader's :func:`slurm_ft.history.render_key`: a hash of the rendering code and of the local
   time zone (times are printed in local time), so another slurm-ft version or ``TZ`` renders
   afresh;
 - no row of the record changed since it was rendered: triggers on ``jobs``, ``attempts``,
@@ -37,21 +37,21 @@ rendered. The memo costs about 1 KB a job for :data:`MEMO_DAYS` and 150 bytes fo
 rendering code is deleted;
 none is written while the journal's filesystem has less than :data:`MIN_FREE_BYTES` free (a
 cache never takes the daemon's last free pages). Errors are the caller's to log: :func:`fill`
-raises ``sqlite3.Error``; :func:`lookup` answers {} for a journal without the table.
+raises ``sqlite3.Error``; :func:`slurm_ft.history.lookup` answers {} for a journal without the table.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 import sqlite3
 import threading
 import time
-from pathlib import Path
 
+from . import history as hist
+from . import history_format as fmt
 from .failover import policy
+from .history import render_key, row_key
 from .journal.migrations import MEMO_TABLE as TABLE
 
 #: Days back (by the job record's last update) the memo holds whole rows (every default output).
@@ -65,66 +65,13 @@ MIN_FREE_BYTES = 64 * 2 ** 20
 CHUNK = 100
 #: Seconds between two passes of the service's filler; seconds it rests between two chunks.
 PASS_S, REST_S = 30.0, 0.05
-#: The modules whose code decides the text (hashed into :func:`render_key`).
-_CODE = ("history.py", "history_format.py", "textsafe.py", "hang/report.py", "history_memo.py")
-
-
-def tz_key() -> str:
-    """The local time zone as this process renders times (``TZ``, names, offsets)."""
-    return f"{os.environ.get('TZ', '')}|{time.tzname}|{time.timezone}|{time.altzone}|{time.daylight}"
-
-
-@functools.lru_cache(maxsize=None)
-def _code_hash() -> str:
-    base = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    try:
-        for name in _CODE:
-            h.update(name.encode() + b"\0" + (base / name).read_bytes() + b"\0")
-    except OSError:          # code not readable as files: a key no other process has (memo unused)
-        return os.urandom(16).hex()
-    return h.hexdigest()
-
-
-def render_key() -> str:
-    """A memo row rendered by this code in this time zone carries this key (24 hex digits)."""
-    return hashlib.sha256(f"{_code_hash()}|{tz_key()}".encode()).hexdigest()[:24]
-
-
-def row_key() -> str:
-    """The key of a memo row cut to its job row (:data:`MEMO_DAYS` < age <= :data:`ROW_DAYS`)."""
-    return render_key() + ":row"
-
-
-def lookup(journal, keys, kind: str) -> dict[int, tuple]:
-    """record key -> (t0, t1, text) of the memo rows of ``keys`` that this process may print as
-    they are (``kind``: ``"list"``, ``"jobrow"``: the list's first line, the job row, or
-    ``"chain"``); {} when the journal has no memo or holds rows in its spool."""
-    column = _KINDS.get(kind)
-    if column is None or getattr(journal, "spooled", False) or not keys:
-        return {}
-    from .history import _read     # sqlite3's own C text decoder (the journal's is per value)
-    held = [render_key(), row_key()] if kind == "jobrow" else [render_key()]
-    try:
-        _, rows = _read(journal.db.conn, f"SELECT job_id, t0, t1, {column} FROM {TABLE} WHERE key IN "
-                                         f"(SELECT value FROM json_each(?)) AND job_id IN (SELECT value FROM json_each(?))",
-                        [json.dumps(held), json.dumps(sorted(int(k) for k in keys))])
-    except sqlite3.OperationalError:     # a journal from before migration 009, opened read-only
-        return {}
-    return {r[0]: (r[1], r[2], r[3]) for r in rows}
-
-
-#: What :func:`lookup` reads for each kind of text.
-_KINDS = {"list": "list", "chain": "chain", "jobrow": "substr(list, 1, instr(list || char(10), char(10)) - 1)"}
-
-
 def _finals() -> list[str]:
     return sorted(policy.FINAL_STATES)
 
 
 def missing(conn, now: float, limit: int) -> list[int]:
     """Up to ``limit`` record keys of finished jobs updated within :data:`ROW_DAYS` that have no
-    memo row of this code (:func:`render_key`; :func:`row_key` past :data:`MEMO_DAYS`), the most
+    memo row of this code (:func:`slurm_ft.history.render_key`; :func:`slurm_ft.history.row_key` past :data:`MEMO_DAYS`), the most
     recently updated first."""
     finals = _finals()
     whole_since = now - MEMO_DAYS * 86400.0
@@ -139,9 +86,7 @@ def missing(conn, now: float, limit: int) -> list[int]:
 def render(journal, keys, now: float) -> list[tuple]:
     """(key, memo key, t0, t1, list text, chain text) for each finished record of ``keys``, by
     ``ft-history``'s own code (records whose ft state is not final are left out); a record last
-    updated before :data:`MEMO_DAYS` is its job row alone (:func:`row_key`)."""
-    from . import history as hist
-    from . import history_format as fmt
+    updated before :data:`MEMO_DAYS` is its job row alone (:func:`slurm_ft.history.row_key`)."""
     from .journal import identity
 
     keys = sorted({int(k) for k in keys})
@@ -194,7 +139,7 @@ def fill(journal, *, now: float | None = None, limit: int = CHUNK, clock=time.ti
         conn.executemany(f"INSERT OR REPLACE INTO {TABLE} (job_id, key, t0, t1, list, chain) VALUES (?, ?, ?, ?, ?, ?)",
                          made)
         if not keys:        # a pass's last chunk: age the memo (whole rows to job rows, then out)
-            conn.execute(f"UPDATE {TABLE} SET key = ?, chain = '', list = {_KINDS['jobrow']} "
+            conn.execute(f"UPDATE {TABLE} SET key = ?, chain = '', list = {hist.JOBROW_SQL} "
                          f"WHERE key = ? AND t1 < ?", [row_key(), render_key(), now - (MEMO_DAYS + 1) * 86400.0])
             conn.execute(f"DELETE FROM {TABLE} WHERE t1 < ? OR key NOT IN (?, ?)",
                          [now - (ROW_DAYS + 1) * 86400.0, render_key(), row_key()])

@@ -60,7 +60,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -80,19 +79,11 @@ from typing import Callable
 from . import munge
 from .errors import SlurmFTError
 from .hang import report as hang_report
+from .history_protocol import (MAX_ITEMS, MAX_QUERY, MAX_REQUEST, MAX_RESPONSE, SERVICE, VERSION, BadRequest,
+                               proof_payload)
 
 log = logging.getLogger("slurm_ft.history_service")
 
-SERVICE = "slurm-ft-history"
-VERSION = 1
-#: Longest request line (bytes): the credential with its query.
-MAX_REQUEST = 65536
-#: Longest query (the credential's payload, bytes).
-MAX_QUERY = 16384
-#: Most items in one list of a query (job ids, users, states).
-MAX_ITEMS = 1000
-#: Largest answer sent (bytes of JSON).
-MAX_RESPONSE = 64 * 1024 * 1024
 #: Seconds a client has to send its request.
 REQUEST_READ_S = 10.0
 #: Oldest credential accepted (seconds since it was encoded; munged's own TTL is 300 s).
@@ -115,44 +106,12 @@ _USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@-]{0,63}\$?")
 _ACCOUNT = re.compile(r"[!-+\--~]{1,64}")
 
 
-class BadRequest(SlurmFTError):
-    """A query the service will not answer; the message is sent to the client."""
-
-
 class NotYet(BadRequest):
     """A hang report about a job or an attempt the journal has not booked yet (the daemon books
     an attempt on its next cycle): refused with ``"retry": true``, the watcher sends it again."""
 
 
 # ------------------------------------------------------------------------------ the query
-def _node_pieces(names) -> list[str]:
-    """``-N`` node names as short hostlists (ClusterShell's contiguous pieces, ``g[001-004]``, ``n1``),
-    each within :func:`_strings`' bounds. Raises :class:`BadRequest` when they do not fit a query."""
-    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
-
-    pieces = [str(p) for p in NodeSet.fromlist(sorted(names), resolver=RESOLVER_NOGROUP).contiguous()]
-    if len(pieces) > MAX_ITEMS or any(len(p) > 256 for p in pieces):
-        raise BadRequest(f"-N: too many separate nodes for the history service (at most {MAX_ITEMS} ranges)")
-    return pieces
-
-
-def encode_query(sel, *, now: float | None = None) -> bytes:
-    """The payload for :class:`slurm_ft.history.Selection` ``sel`` (client side). ``nodes`` (``-N``)
-    is sent only when set: a service that predates it refuses such a query as having an unknown
-    field, and answers every other query as before."""
-    nodes = getattr(sel, "nodes", None)
-    extra = {"nodes": _node_pieces(nodes)} if nodes is not None else {}
-    return json.dumps({
-        "service": SERVICE, "v": VERSION,
-        "jobs": [str(j) for j in sel.job_ids],
-        "users": sorted(sel.users) if sel.users is not None else None,
-        "all_users": bool(sel.all_users), "start": float(sel.start),
-        "end": None if sel.end is None else float(sel.end),
-        "states": sorted(sel.states), "duplicates": bool(sel.duplicates),
-        "accounts": sorted(sel.accounts) if getattr(sel, "accounts", None) is not None else None, **extra,
-    }, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-
-
 def _strings(q: dict, key: str, *, optional: bool = False) -> list[str] | None:
     value = q.get(key)
     if value is None and optional:
@@ -320,13 +279,6 @@ def refusal(message: str, retry: bool = False) -> bytes:
     """The (unproved) answer that refuses a request with ``message``; ``retry``: the same request
     may be taken a little later (the service's journal busy or behind), said as ``"retry": true``."""
     return b"-\n" + (_reply(ok=False, error=message, retry=True) if retry else _reply(ok=False, error=message))
-
-
-def proof_payload(request: bytes, body: bytes) -> bytes:
-    """What the service's proof credential carries for ``request`` (the line, stripped) and the
-    answer's JSON ``body``."""
-    return json.dumps({"service": SERVICE, "request": hashlib.sha256(request.strip()).hexdigest(),
-                       "answer": hashlib.sha256(body).hexdigest()}, sort_keys=True).encode("ascii")
 
 
 class HistoryService:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from slurm_ft import config as config_mod
 from slurm_ft import history_format as fmt
-from slurm_ft import history_service
+from slurm_ft import history_protocol, history_service
 from slurm_ft.errors import SlurmCommandError
 from slurm_ft.failover import machine as m
 from slurm_ft.failover import policy
@@ -128,7 +128,7 @@ def test_a_roots_report_is_stored_and_ft_history_shows_the_frames(db):
 def test_the_owner_sees_the_frames_through_the_service_and_nobody_else(db):
     svc = _service(db)
     assert _body(svc.handle(FakeMunge.make(0, _payload())))["ok"]
-    q = history_service.encode_query(Selection(job_ids=(), start=0.0, all_users=True))
+    q = history_protocol.encode_query(Selection(job_ids=(), start=0.0, all_users=True))
     alice = _body(svc.handle(FakeMunge.make(1001, q)))
     (h,) = alice["jobs"]
     assert h["job_id"] == 5

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slurm_ft import history as history_mod
 from slurm_ft import history_memo
 from slurm_ft.failover import policy
 from slurm_ft.history import FT_STATES, command
@@ -132,7 +133,7 @@ def test_another_time_zone_renders_afresh(tmp_path, monkeypatch):
         monkeypatch.setenv("TZ", "Asia/Tokyo")
         time.tzset()
         with open_journal(path, readonly=True) as j:
-            assert history_memo.lookup(j, [100], "list") == {}       # rendered in UTC: not used here
+            assert history_mod.lookup(j, [100], "list") == {}       # rendered in UTC: not used here
         tokyo = _run(path, ["-a", "-P"])
         assert tokyo != utc and _fill(path) == 1 and _run(path, ["-a", "-P"]) == tokyo
     finally:
@@ -157,7 +158,7 @@ def test_old_journals_and_read_only_readers_do_without(tmp_path):
         conn.execute(f"DROP TABLE {history_memo.TABLE}")
     conn.close()
     with open_journal(path, readonly=True) as j:
-        assert history_memo.lookup(j, [100], "chain") == {}
+        assert history_mod.lookup(j, [100], "chain") == {}
 
 
 def test_the_service_fills_in_the_background(tmp_path):
@@ -245,7 +246,7 @@ def test_jobs_older_than_the_whole_rows_keep_their_job_row(tmp_path_factory, mon
         finished = (finished - {100}) | {-1}
     rows = _memo_rows(path)
     assert set(rows) == finished and stored == len(finished)
-    assert set(rows.values()) <= {history_memo.row_key()}
+    assert set(rows.values()) <= {history_mod.row_key()}
     with open_journal(path, readonly=True) as j:
         assert all("\n" not in text and chain == "" for text, chain in
                    j.db.conn.execute(f"SELECT list, chain FROM {history_memo.TABLE}"))
@@ -259,14 +260,14 @@ def test_whole_rows_age_into_job_rows_then_out(tmp_path):
            "attempts": [{"state": "FAILED", "ended": True, "verdict": "hardware", "evidence": ["Xid 79"],
                          "actions": [("failover", "done", "")]}]}
     _write(path, [job, {**job, "user": "bob"}], False)
-    assert _fill(path) == 2 and set(_memo_rows(path).values()) == {history_memo.render_key()}
+    assert _fill(path) == 2 and set(_memo_rows(path).values()) == {history_mod.render_key()}
     xp = _run(path, ["-u", "alice", "-X", "-P", "-n"])
     later = NOW + (history_memo.MEMO_DAYS + 2) * 86400
     assert _fill(path, now=later) == 0          # nothing missing: the pass ages the memo
-    assert set(_memo_rows(path).values()) == {history_memo.row_key()}
+    assert set(_memo_rows(path).values()) == {history_mod.row_key()}
     with open_journal(path, readonly=True) as j:
-        assert history_memo.lookup(j, [100], "list") == {} and history_memo.lookup(j, [100], "chain") == {}
-        (t0, t1, text), = history_memo.lookup(j, [100], "jobrow").values()
+        assert history_mod.lookup(j, [100], "list") == {} and history_mod.lookup(j, [100], "chain") == {}
+        (t0, t1, text), = history_mod.lookup(j, [100], "jobrow").values()
     assert xp == text + "\n" and _run(path, ["-u", "alice", "-X", "-P", "-n"]) == xp
     conn = sqlite3.connect(path)
     with conn:
@@ -282,6 +283,6 @@ def test_rows_of_another_rendering_code_are_deleted(tmp_path, monkeypatch):
     job = {"name": "t", "user": "alice", "ft_state": "completed", "array": None, "attempts": []}
     _write(path, [job], False)
     assert _fill(path) == 1
-    monkeypatch.setattr(history_memo, "_code_hash", lambda: "another version")
+    monkeypatch.setattr(history_mod, "_code_hash", lambda: "another version")
     assert _fill(path) == 1 and _fill(path) == 0
-    assert list(_memo_rows(path).values()) == [history_memo.render_key()]
+    assert list(_memo_rows(path).values()) == [history_mod.render_key()]

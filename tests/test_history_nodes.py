@@ -19,7 +19,8 @@ from slurm_ft import history as history_mod
 from slurm_ft import history_format as fmt
 from slurm_ft import history_service
 from slurm_ft.history import MAX_NODES, Selection, Viewer, command, node_steps, parse_nodelist, select
-from slurm_ft.history_service import Access, BadRequest, HistoryService, encode_query, parse_query
+from slurm_ft.history_protocol import BadRequest, encode_query
+from slurm_ft.history_service import Access, HistoryService, parse_query
 from slurm_ft.journal import open_journal
 from slurm_ft.munge import Credential
 

@@ -102,11 +102,11 @@ def test_privacy_scontrol_comes_only_from_a_root_controlled_config(tmp_path):
     conf.write_text('[slurm]\nbin_dir = "/home/mallory/bin"\n')
     cfg = config_mod.load(conf)
     if os.geteuid() == 0:
-        assert history_mod._trusted_bin_dir(cfg) == "/home/mallory/bin"    # root-owned, 0644: trusted
+        assert config_mod.trusted_bin_dir(cfg) == "/home/mallory/bin"    # root-owned, 0644: trusted
         os.chown(conf, 65534, 65534)
-        assert history_mod._trusted_bin_dir(cfg) == "/usr/bin"             # a user's own config: not
+        assert config_mod.trusted_bin_dir(cfg) == "/usr/bin"             # a user's own config: not
     conf.chmod(0o666)
-    assert history_mod._trusted_bin_dir(cfg) == "/usr/bin"
+    assert config_mod.trusted_bin_dir(cfg) == "/usr/bin"
 
 
 @needs_setpriv

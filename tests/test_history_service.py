@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_ft import config as config_mod
-from slurm_ft import history_client, history_service, munge
+from slurm_ft import history_client, history_protocol, history_service, munge
 from slurm_ft.history import Selection, command
 from slurm_ft.history_client import ServiceError, controllers, parse_endpoints
 from slurm_ft.history_service import Access, HistoryService, Server, parse_query, viewer_for
@@ -96,7 +96,7 @@ def _body(raw: bytes) -> dict:
 
 def _query(**kw) -> bytes:
     sel = Selection(**{"start": 0.0, **kw})
-    return history_service.encode_query(sel)
+    return history_protocol.encode_query(sel)
 
 
 def _ask(svc, uid, payload, at=NOW) -> dict:
@@ -223,7 +223,7 @@ def test_garbled_requests_never_crash_the_service(journal_path, request):
 def test_parse_query_raises_only_bad_request(payload):
     try:
         parse_query(payload)
-    except history_service.BadRequest:
+    except history_protocol.BadRequest:
         pass
 
 
@@ -258,7 +258,7 @@ def test_the_proof_binds_root_the_request_and_the_answer(journal_path):
     proof, _, body = raw.partition(b"\n")
     for bad in (raw.replace(b'"alice"', b'"mallory"'),                                    # tampered
                 proof + b"\n" + body.replace(b'"ok":true', b'"ok":true ', 1),
-                FakeMunge.make(1001, history_service.proof_payload(request, body)) + b"\n" + body,   # not root
+                FakeMunge.make(1001, history_protocol.proof_payload(request, body)) + b"\n" + body,   # not root
                 raw):                                                                    # another request
         with pytest.raises(ServiceError, match="not shown"):
             history_client._decode(bad, "ctl:6827", request if bad is not raw else FakeMunge.make(1001, b"x"),
@@ -306,7 +306,7 @@ def test_socket_limits(journal_path):
         assert _raw(srv.address, FakeMunge.make(1001, _query()) + b"\n")["ok"]
         slow = _raw(srv.address, None)                               # sends nothing: cut off
         assert not slow["ok"] and "no request line" in slow["error"]
-        big = _raw(srv.address, b"MUNGE:" + b"A" * (history_service.MAX_REQUEST + 10))
+        big = _raw(srv.address, b"MUNGE:" + b"A" * (history_protocol.MAX_REQUEST + 10))
         assert not big["ok"]
     finally:
         srv.stop()
