@@ -583,7 +583,7 @@ def parse_nodelist(text: str) -> frozenset[str]:
     """``-N`` value: a Slurm hostlist (``g[001-004],n1``, ClusterShell's syntax without its set
     operators and groups) -> the node names. Raises ValueError with one line naming the problem
     (a malformed hostlist, a name Slurm would not take, more than :data:`MAX_NODES` names)."""
-    from .slurm import _nodeset
+    from .slurm.records import _nodeset
 
     text = str(text).strip()
     if not text:
@@ -624,7 +624,7 @@ class _NodeMatch:
                 hit = self.names & {text}
             else:
                 try:
-                    from .slurm import _nodeset
+                    from .slurm.records import _nodeset
                     hit = self.names.intersection(_nodeset(text))
                 except Exception:     # noqa: BLE001 - not a hostlist: the text as one name
                     hit = self.names & {text}

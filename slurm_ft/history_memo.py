@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import threading
 import time
 

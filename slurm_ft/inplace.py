@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from .errors import SlurmFTError
+from .failover.policy import INPLACE_PREFIX
 
-PREFIX = "slurm-ft-run:"
+PREFIX = INPLACE_PREFIX
 #: Bytes of the step's output kept for the classifier (the end of it).
 TAIL_BYTES = 64 << 10
 #: Most restarts a wrapper takes (and the daemon journals from one record).

@@ -19,7 +19,7 @@ from .runner import BisectError, Spec, Tickets, check_nodes, drain_reason, journ
 from .search import Outcome, Result, Round, Test, bisect
 
 __all__ = ["BisectError", "Outcome", "Result", "Round", "Spec", "Test", "auto_bisect_wanted", "bisect",
-           "bisect_candidate", "run_bisect", "spawn"]
+           "run_bisect", "spawn"]
 
 
 @dataclass
@@ -82,18 +82,9 @@ def run_bisect(cfg, slurm, nodes: list[str], spec: Spec, *, confirm: bool = True
 
 def auto_bisect_wanted(cfg, decision, job_nodes: list[str]) -> bool:
     """Whether the daemon should start a bisect for an ended attempt: the site turned it on
-    (``[bisect] auto``) and :func:`bisect_candidate` holds."""
+    (``[bisect] auto``) and :func:`slurm_ft.failover.policy.bisect_candidate` holds."""
+    from ..failover.policy import bisect_candidate
     return bool(cfg.bisect.auto) and bisect_candidate(decision, job_nodes)
-
-
-def bisect_candidate(decision, job_nodes: list[str]) -> bool:
-    """An attempt a bisect could explain: it ran on more than one node and its verdicts are
-    ``infra`` or ``unknown`` with no node blamed (``decision``:
-    :class:`slurm_ft.failover.policy.Decision`; a user fault or a blamed node needs no search)."""
-    if len(job_nodes) < 2 or decision.blamed_nodes:
-        return False
-    classes = {v["verdict"] for v in decision.verdicts}
-    return bool(classes) and classes <= {"infra", "unknown"}
 
 
 def spawn(cfg, job_id: int, attempt: int, nodes: list[str]) -> subprocess.Popen:

@@ -45,5 +45,5 @@ def drain_node(slurm, node: str, reason: str, *, breaker=None, nodes: list | Non
     if cur_reason.startswith(LEADER) and "DRAIN" in state:
         return "already-drained"
     slurm.drain(node, reason)
-    # [failover] mode = "observe": the client's gate held the drain back (slurm_ft/slurm.py)
+    # [failover] mode = "observe": the client's gate held the drain back (slurm_ft/slurm/__init__.py)
     return OBSERVED if getattr(slurm, "observe", False) else "drained"

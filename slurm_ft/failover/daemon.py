@@ -37,6 +37,7 @@ import re
 import signal
 import time
 
+from ..checkpoint import channel
 from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..journal import open_daemon_journal
 from ..slurm import Job, Slurm
@@ -526,7 +527,8 @@ class Daemon:
             verdicts=tuple(j.node_verdicts(job.job_id)) if needs_rows else (),
             attempts=tuple(j.attempts(job.job_id)) if enabled else (),
             opts=opts if enabled else None, opts_error=error, seen_ended=self._seen_ended.get(key),
-            gpus=self._job_gpus(job) if enabled else None, priority_seen=self._priority.get(job.job_id, 0))
+            gpus=self._job_gpus(job) if enabled else None, priority_seen=self._priority.get(job.job_id, 0),
+            ack=channel.find(job.comment) if enabled else None)
 
     def _job_gpus(self, job: Job) -> dict | None:
         """GPUs the job holds per node, asked of Slurm once per attempt, only when a health check

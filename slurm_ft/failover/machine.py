@@ -34,9 +34,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .. import inplace
-from ..bisect import bisect_candidate
-from ..slurm import Job, compress_nodes, split_nodes
+from ..slurm.records import Job, compress_nodes, split_nodes
 from . import policy
 from .verdict import NodeVerdict
 
@@ -82,7 +80,10 @@ class Facts:
     """What the daemon knows about one job besides Slurm's record: its journal rows and its own
     observations. ``opts``: the ft options fixed at submit (None: not ft-enabled; ``opts_error``:
     malformed); ``seen_ended``: when the daemon first saw the current attempt ended (its own
-    clock); ``gpus``: GPUs the job holds per node, when a GPU-level health drain asked."""
+    clock); ``gpus``: GPUs the job holds per node, when a GPU-level health drain asked; ``ack``:
+    the checkpoint ack the job wrote into its comment (``slurm_ft_job.Ack``: ``attempt``,
+    ``state``, ``step``, ``path``; the daemon parses it, slurm_ft.checkpoint.channel), None when
+    there is none."""
 
     job_id: int
     row: Mapping | None = None
@@ -94,6 +95,7 @@ class Facts:
     seen_ended: float | None = None
     gpus: Mapping[str, frozenset[int]] | None = None
     priority_seen: int = 0
+    ack: object | None = None
 
     def acts(self, attempt: int | None = None, *names: str) -> list[Mapping]:
         return [a for a in self.actions if (attempt is None or a["attempt"] == attempt)
@@ -136,15 +138,13 @@ class Facts:
         itself journaled for *this* attempt and delivered (``ckpt-notify`` done): a ``saved`` ack
         journaled before that signal, with no signal at all, or after one nothing caught
         (skipped) buys nothing. ``extra_acks``: ack rows about to be journaled this cycle."""
-        from .ckpt_signal import CLOCK_SKEW_S, notify_purpose
-
         acts = [*self.acts(attempt), *extra_acks]
         notes = [a for a in acts if a["action"] == "ckpt-notify" and a["status"] in ("done", "skipped")]
         note = notes[-1] if notes else None
         saved = note is not None and note["status"] == "done" and any(
             a["action"] == "ckpt-ack" and a["status"] == "done" and a["attempt"] == attempt
-            and a["created"] >= note["created"] - CLOCK_SKEW_S for a in acts)
-        return (notify_purpose(note["detail"]) if note else None), saved, note
+            and a["created"] >= note["created"] - policy.CLOCK_SKEW_S for a in acts)
+        return (policy.notify_purpose(note["detail"]) if note else None), saved, note
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,7 @@ def plan(job: Job, f: Facts, v: View) -> list[Action]:
             return [NotConfigured(job.job_id, attempt, plain=True)]
         return []
     out: list[Action] = _attempt_records(job, f)
-    if inplace.PREFIX in (job.comment or ""):
+    if policy.INPLACE_PREFIX in (job.comment or ""):
         out.append(RecordRestarts(job.job_id, attempt))
     state = (f.row or {}).get("ft_state") or policy.RUNNING
     if state == policy.INTERNAL_ERROR and attempt > 0 and f.decided(attempt - 1) and not f.decided(attempt):
@@ -459,13 +459,10 @@ def _restart_at(job: Job, f: Facts, state: str, now: float) -> tuple[str | None,
 
 def _ack(job: Job, f: Facts) -> RecordAck | None:
     """The checkpoint ack the job wrote into its comment for this attempt, once."""
-    from ..checkpoint import channel
-    from .ckpt_signal import ack_detail
-
-    ack = channel.find(job.comment)
+    ack = f.ack
     if ack is None or ack.attempt != job.restart_count or ack.state not in ("saved", "failed"):
         return None
-    detail = ack_detail(ack)
+    detail = policy.ack_detail(ack)
     if any(a["detail"] == detail for a in f.acts(job.restart_count, "ckpt-ack")):
         return None
     return RecordAck(job.job_id, job.restart_count, detail, ack.state == "saved")
@@ -490,7 +487,7 @@ def health_drain(node) -> tuple[str, int | None] | None:
     (reason ``slurm-ft: <check>: [GPU<n> ]<measurement>``), else None."""
     import re
 
-    from ..drain import LEADER
+    from ..drain.reason import LEADER
     from ..health.config import CHECK_NAMES
 
     if node is None or not node.drained or not node.reason.startswith(LEADER):
@@ -684,7 +681,7 @@ def _decide(job: Job, f: Facts, v: View, attempt: int, slurm_state: str, requeue
         kind = policy.visible_final(decision.kind, decision.verdicts)
         out = [Final(job.job_id, attempt, kind, decision.reason, tuple(decision.blamed_nodes),
                      decision.verdicts, node_fail, slurm_state, hold=requeued and kind != policy.COMPLETED)]
-    if v.bisect_auto and not f.acts(attempt, "bisect-start") and bisect_candidate(decision, nodes):
+    if v.bisect_auto and not f.acts(attempt, "bisect-start") and policy.bisect_candidate(decision, nodes):
         out.append(StartBisect(job.job_id, attempt, tuple(nodes), decision.reason))
     return out
 

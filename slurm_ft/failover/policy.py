@@ -56,6 +56,9 @@ PENDING_STATES = {FAILOVER, REQUEUED, CONTINUED, EVACUATED}
 #: Decision kinds that requeue the job (besides finals and "wait").
 EVACUATE, CONTINUE = "evacuate", "continue"
 #: What a slurm-ft checkpoint notification of an attempt was for (journal ``ckpt-notify`` detail).
+#: Prefix of an in-place restart record in the job's comment (``slurm-ft run``: slurm_ft.inplace
+#: writes and parses it; the daemon journals what it says).
+INPLACE_PREFIX = "slurm-ft-run:"
 NOTIFY_EVACUATION, NOTIFY_TIME_LIMIT = "evacuation", "time-limit"
 
 #: Rule-id prefix of verdicts from a prolog health check that refused the node (``health:<check>``).
@@ -274,3 +277,35 @@ def _after_notify(slurm_state: str, notified: str | None, saved: bool, evacuatio
             return Decision(TIMEOUT, f"time limit: continuation bound {site.max_continuations} used up")
         return Decision(CONTINUE, f"time limit: continued after its exit checkpoint (ended {slurm_state})")
     return None
+
+
+# -- the checkpoint handshake's facts (slurm_ft.failover.ckpt_signal sends the signal) ----------------
+#: An ack may carry a time a little before the notify (clocks of nodes and controller differ).
+CLOCK_SKEW_S = 5.0
+
+
+def notify_purpose(detail: str | None) -> str:
+    """What a journaled ``ckpt-notify`` was for (rows before purposes existed: evacuation)."""
+    return NOTIFY_TIME_LIMIT if (detail or "").startswith(NOTIFY_TIME_LIMIT + ":") \
+        else NOTIFY_EVACUATION
+
+
+def ack_detail(ack) -> str:
+    """Journal text of an ack (a ``slurm_ft_job.Ack``: ``state``, ``step``, ``path``): ``saved step=120 path=/ckpt/120.pt``."""
+    parts = [ack.state]
+    if ack.step is not None:
+        parts.append(f"step={ack.step}")
+    if ack.path:
+        parts.append(f"path={ack.path}")
+    return " ".join(parts)
+
+
+# -- bisect (slurm_ft.bisect runs it) -------------------------------------------------------------
+def bisect_candidate(decision, job_nodes: list[str]) -> bool:
+    """An attempt a bisect could explain: it ran on more than one node and its verdicts are
+    ``infra`` or ``unknown`` with no node blamed (``decision``:
+    :class:`slurm_ft.failover.policy.Decision`; a user fault or a blamed node needs no search)."""
+    if len(job_nodes) < 2 or decision.blamed_nodes:
+        return False
+    classes = {v["verdict"] for v in decision.verdicts}
+    return bool(classes) and classes <= {"infra", "unknown"}

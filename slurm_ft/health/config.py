@@ -197,7 +197,7 @@ def from_config(table: dict[str, Any]) -> HealthConfig:
     for key in ("nodes", "exclude_nodes"):
         if not getattr(cfg, key):
             continue
-        from ..slurm import split_nodes  # ClusterShell: only when a hostlist is set (the worker stays lean)
+        from ..slurm.records import split_nodes  # ClusterShell: only when a hostlist is set (the worker stays lean)
         try:
             split_nodes(getattr(cfg, key))
         except HostlistError as exc:
