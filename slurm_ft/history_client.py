@@ -53,15 +53,22 @@ def controllers(conf: dict[str, str], port: int) -> list[tuple[str, int]]:
     return [(hosts[i], port) for i in sorted(hosts)]
 
 
-def endpoints(cfg, slurm=None) -> list[tuple[str, int]]:
-    """Where to ask (see the module doc). Raises :class:`ServiceError` when there is nowhere."""
+def endpoints(cfg, slurm=None, timeout_s: float | None = None) -> list[tuple[str, int]]:
+    """Where the history service listens (see the module doc): ``[history] endpoint``, else each
+    ``SlurmctldHost`` at ``[history] port`` (``scontrol show config``, given at most
+    ``timeout_s`` when set: the hang watcher's report has a deadline). ``ft-history`` and the
+    hang watcher both ask here. Raises :class:`ServiceError` when there is nowhere."""
     if cfg.history.endpoint:
-        return parse_endpoints(cfg.history.endpoint, cfg.history.port)
+        try:
+            return parse_endpoints(cfg.history.endpoint, cfg.history.port)
+        except ValueError as exc:
+            raise ServiceError(f"[history] endpoint: {exc}") from None
     from .config import trusted_bin_dir
     from .slurm import Slurm
 
     try:
-        conf = (slurm or Slurm(bin_dir=trusted_bin_dir(cfg), timeout_s=cfg.slurm.command_timeout_s)).show_config()
+        slurm = slurm or Slurm(bin_dir=trusted_bin_dir(cfg), timeout_s=cfg.slurm.command_timeout_s)
+        conf = slurm.show_config(timeout_s=None if timeout_s is None else max(0.1, timeout_s))
     except SlurmFTError as exc:
         raise ServiceError(f"cannot find the controller to ask for your history: {exc}") from None
     found = controllers(conf, cfg.history.port)

@@ -190,7 +190,7 @@ def test_cancel_wins_over_everything():
 
 
 def test_time_limit_seconds_from_both_json_shapes():
-    from slurm_ft.failover.daemon import _time_limit_s
+    from slurm_ft.failover.machine import time_limit_s as _time_limit_s
 
     class J:
         def __init__(self, v):

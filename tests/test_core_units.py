@@ -8,7 +8,7 @@ from slurm_ft import config as config_mod
 from slurm_ft.errors import ConfigError
 from slurm_ft.failover import jobspec, mailbox, policy
 from slurm_ft.drain import drain_reason
-from slurm_ft.failover.daemon import _split_nodes
+from slurm_ft.slurm import split_nodes as _split_nodes
 from slurm_ft.nodejob import BadEnvironment, NodeJob, parse_gpu_list
 from slurm_ft.slurm import Job, Node, parse_kv_line
 

@@ -40,8 +40,7 @@ import time
 from ..checkpoint import channel
 from ..errors import ConfigError, SlurmCommandError, SlurmFTError
 from ..journal import open_daemon_journal
-from ..slurm import Job, Slurm
-from ..slurm import split_nodes as _split_nodes  # noqa: F401  (kept for importers)
+from ..slurm import Job, Slurm, split_nodes
 from ..jobinfo import list_jobs
 from ..journal import identity
 from . import machine, mailbox, policy
@@ -49,7 +48,6 @@ from .effects import RESUMED_ACTS, Effects
 from .intent import recover as recover_failover
 from .events import EventSpool
 from .reconcile import Reconciler
-from .machine import time_limit_s as _time_limit_s  # noqa: F401  (kept for importers)
 from .options import trusted_options
 
 log = logging.getLogger("slurm_ft.daemon")
@@ -395,7 +393,7 @@ class Daemon:
         if job.state != "RUNNING" or not job.start_time or self._nodes_at >= job.start_time + 1:
             return False
         view = {n.name: n for n in self.nodes}
-        return any(machine.health_drain(view.get(name)) is not None for name in _split_nodes(job.nodes))
+        return any(machine.health_drain(view.get(name)) is not None for name in split_nodes(job.nodes))
 
     def fresh_top_priority(self, exclude: int) -> int:
         """Highest priority of the pending/running jobs slurm-ft did not boost, read now (one
@@ -425,7 +423,7 @@ class Daemon:
         if not drained:
             return out
         for jid, (nodes, attempt) in self._running.items():
-            for name in _split_nodes(nodes):
+            for name in split_nodes(nodes):
                 if name in drained and (jid, attempt, drained[name]) not in self._health_looked:
                     self._health_looked.add((jid, attempt, drained[name]))
                     out.add(jid)
@@ -537,7 +535,7 @@ class Daemon:
             return None
         nodes = {n.name: n for n in self.nodes}
         if not any((machine.health_drain(nodes.get(name)) or (None, None))[1] is not None
-                   for name in _split_nodes(job.nodes)):
+                   for name in split_nodes(job.nodes)):
             return None
         key = (job.job_id, job.restart_count)
         if key not in self._gpus:

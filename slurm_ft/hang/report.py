@@ -199,27 +199,6 @@ def read_detail(detail) -> list[tuple[int, str, list[str]]]:
 
 
 # ------------------------------------------------------------------------------ the watcher's side
-def endpoints(cfg, slurm, timeout_s: float) -> list[tuple[str, int]]:
-    """Where the history service listens, as ``ft-history`` finds it (slurm_ft.history_client):
-    ``[history] endpoint``, else each ``SlurmctldHost`` at ``[history] port``; ``scontrol show
-    config`` is given at most ``timeout_s``. Raises :class:`slurm_ft.errors.SlurmFTError`."""
-    from ..errors import SlurmFTError
-    from ..config import parse_endpoints
-    from ..history_client import controllers
-    from ..slurm import parse_config
-
-    if cfg.history.endpoint:
-        try:
-            return parse_endpoints(cfg.history.endpoint, cfg.history.port)
-        except ValueError as exc:
-            raise SlurmFTError(f"[history] endpoint: {exc}") from None
-    conf = parse_config(slurm.run("scontrol", "show", "config", timeout_s=max(0.1, timeout_s)).stdout)
-    found = controllers(conf, cfg.history.port)
-    if not found:
-        raise SlurmFTError("scontrol show config lists no SlurmctldHost (set [history] endpoint)")
-    return found
-
-
 def _exchange(host: str, port: int, line: bytes, deadline: float) -> bytes:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -256,12 +235,13 @@ def _answer(raw: bytes) -> tuple[bool, str, bool]:
 
 
 def _send(cfg, slurm, payload: bytes, deadline: float, encode, log) -> bool:
-    from ..errors import SlurmFTError
     from .. import munge
+    from ..errors import SlurmFTError
+    from ..history_client import endpoints
     try:
         targets = endpoints(cfg, slurm, deadline - time.monotonic())
     except SlurmFTError as exc:
-        log(f"hang report not sent: cannot find the controller: {exc}")
+        log(f"hang report not sent: {exc}")
         return False
     tries = 0
     while True:

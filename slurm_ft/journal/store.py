@@ -780,9 +780,6 @@ class Journal:
                **{k: v for k, v in fields.items() if v is not None}}
         self._write({"op": "upsert", "table": "attempts", "row": row})
 
-    def has_attempt(self, job_id: int, attempt: int) -> bool:
-        return any(a["attempt"] == attempt for a in self.attempts(job_id))
-
     def close_attempts_before(self, job_id: int, attempt: int) -> None:
         """Attempts before ``attempt`` still open (the daemon never saw them end: a lost node, a
         requeue by Slurm or an admin) are closed as REQUEUED, now."""

@@ -190,9 +190,10 @@ class Slurm:
             seen.setdefault(node.name, node)
         return list(seen.values())
 
-    def show_config(self) -> dict[str, str]:
-        """``scontrol show config`` as a dict of its ``Key = Value`` lines (first occurrence wins)."""
-        return parse_config(self.run("scontrol", "show", "config").stdout)
+    def show_config(self, timeout_s: float | None = None) -> dict[str, str]:
+        """``scontrol show config`` as a dict of its ``Key = Value`` lines (first occurrence wins);
+        ``timeout_s``: this call's bound (default: the client's)."""
+        return parse_config(self.run("scontrol", "show", "config", timeout_s=timeout_s).stdout)
 
     def boot_time(self) -> float | None:
         """When the answering slurmctld started, epoch seconds: ``BOOT_TIME`` of ``scontrol show
