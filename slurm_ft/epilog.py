@@ -39,17 +39,14 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
     ``slurm_ft_kernel_log_unavailable_total`` metric): :func:`verify_untrusted` then asks the
     trusted GPU checks."""
     from . import nvml
-    from .classify import Evidence, normalise_bus_id
+    from .classify import Evidence
     from .classify.sources import read_kmsg, read_tail_safely
 
     node_bus: dict[str, int] | None = None
     # without a GPU map a job without GPUs still owns none (a GPU job's bus ids are then unknown)
     job_bus: frozenset[str] | None = frozenset() if job.gpus is None else None
     try:
-        nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(job.node) if cfg.nvml.inventory else None)
-        node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
-        by_index = {i: b for b, i in node_bus.items()}  # SLURM_JOB_GPUS unset: the job owns no GPU
-        job_bus = frozenset(by_index[g] for g in (job.gpus or ()) if g in by_index)
+        node_bus, job_bus = nvml.gpu_map(cfg, job.node, job.gpus)  # SLURM_JOB_GPUS unset: the job owns no GPU
     except Exception as exc:  # NVML down is evidence-poor, not fatal
         log(f"GPU inventory unavailable: {exc}")
     kernel_error = ""

@@ -254,14 +254,9 @@ def kernel_since(cfg, env, since_mono: float) -> tuple[list[str], dict | None, f
     node_bus = job_bus = None
     try:
         from . import nvml
-        from .classify import normalise_bus_id
-        node = env.get("SLURMD_NODENAME", "")
-        nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.inventory else None)
-        node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
         from .nodejob import parse_gpu_list
         mine = parse_gpu_list(env.get("SLURM_JOB_GPUS")) or ()  # none: the job owns no GPU
-        by_index = {i: b for b, i in node_bus.items()}
-        job_bus = frozenset(by_index[g] for g in mine if g in by_index)
+        node_bus, job_bus = nvml.gpu_map(cfg, env.get("SLURMD_NODENAME", ""), mine)
     except Exception:  # no NVML: Xids are then not attributed to this node's GPUs at all
         return [], None, None, "kernel log not used (this node's GPUs unknown)"
     return lines, node_bus, job_bus, ""

@@ -110,7 +110,7 @@ def kernel_verdict(cfg, node: str, gpus: tuple[int, ...] | None, since_mono: flo
     or None when the log cannot be read. A hang caused by a GPU that fell off the bus is that
     hardware fault."""
     from .. import nvml
-    from ..classify import Evidence, classify, default_policy, from_config, normalise_bus_id
+    from ..classify import Evidence, classify, default_policy, from_config
     from ..classify.sources import read_kmsg
     from ..errors import SlurmFTError
     try:
@@ -119,10 +119,7 @@ def kernel_verdict(cfg, node: str, gpus: tuple[int, ...] | None, since_mono: flo
         return None
     node_bus = job_bus = None
     try:
-        nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.backend == "fake" else None)
-        node_bus = {normalise_bus_id(b): i for i, b in nvml.gpu_bus_ids(nv).items()}
-        by_index = {i: b for b, i in node_bus.items()}
-        job_bus = frozenset(by_index[g] for g in (gpus or ()) if g in by_index)  # no GPUs: owns none
+        node_bus, job_bus = nvml.gpu_map(cfg, node, gpus)  # no GPUs: owns none
     except Exception:
         return None        # no GPU map: an Xid could not be attributed to this job's GPUs
     policy = from_config(cfg.classify) if cfg.classify else default_policy()

@@ -40,6 +40,20 @@ def load(backend: str, inventory_path: str | None = None) -> Any:
     raise ConfigError(f"nvml.backend: real or fake, got {backend!r}")
 
 
+def gpu_map(cfg, node: str, gpus) -> tuple[dict[str, int], frozenset[str]]:
+    """The GPU map a verdict needs, read from NVML as ``[nvml]`` configures it for ``node``:
+    ``(node_bus, job_bus)``: every GPU of the node (normalised PCI bus id -> index,
+    slurm_ft.classify.normalise_bus_id) and the bus ids of the job's GPUs ``gpus`` (indices from
+    ``SLURM_JOB_GPUS``; None or empty: the job owns none). One reading for the epilog, the hang
+    watcher and ``slurm-ft run``. Raises what NVML raises (``pynvml.NVMLError``; ConfigError)."""
+    from ..classify.parse import normalise_bus_id
+
+    nv = load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.inventory else None)
+    node_bus = {normalise_bus_id(b): i for i, b in gpu_bus_ids(nv).items()}
+    by_index = {i: b for b, i in node_bus.items()}
+    return node_bus, frozenset(by_index[g] for g in (gpus or ()) if g in by_index)
+
+
 def bus_id_text(pci_info: Any) -> str:
     """``nvmlDeviceGetPciInfo(h).busId`` as text (``"00000000:3B:00.0"``), whatever the binding returns."""
     bus_id = pci_info.busId
