@@ -24,7 +24,7 @@ from typing import Callable
 from . import assets, daemonlock
 from .errors import SlurmFTError
 from .install import untrusted
-from .slurm import parse_slurm_conf, plugstack_lines
+from .slurm import parse_slurm_conf, plugstack_lines, slurmctld_hosts
 
 ROLES = ("node", "controller")
 STATUSES = ("OK", "WARN", "FAIL", "SKIP")
@@ -84,11 +84,7 @@ def _values(v: str | None) -> list[str]:
 def controller_hosts(conf: dict[str, str]) -> list[str]:
     """Short host names of ``SlurmctldHost`` (``SlurmctldHost[0] = ctl(10.0.0.1)``, or the
     slurm.conf forms ``ctl(10.0.0.1)`` / ``ControlMachine``)."""
-    hosts: list[str] = []
-    for k, v in conf.items():  # "slurmctldhost" holds every SlurmctldHost[i] (slurm_ft.slurm.parse_config)
-        if k == "slurmctldhost" or k in ("controlmachine", "backupcontroller"):
-            hosts += [h.split("(")[0].split(".")[0] for h in _values(v)]
-    return list(dict.fromkeys(hosts))
+    return list(dict.fromkeys(name.split(".")[0] for name, _ in slurmctld_hosts(conf)))
 
 
 # ------------------------------------------------------------------------------------ checks

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from .errors import SlurmFTError
 
 #: Seconds to connect to one controller before trying the next.
 CONNECT_S = 5.0
-_CTLD_KEY = re.compile(r"^SlurmctldHost\[(\d+)\]$")
 
 
 class ServiceError(SlurmFTError):
@@ -33,24 +31,11 @@ class ServiceError(SlurmFTError):
 
 
 def controllers(conf: dict[str, str], port: int) -> list[tuple[str, int]]:
-    """``(address, port)`` of each ``SlurmctldHost`` of a parsed ``scontrol show config``, in order:
-    ``ctl(10.0.0.1)`` -> 10.0.0.1 (the address Slurm itself uses), ``ctl`` -> ctl."""
-    hosts = {}
-    for key, value in conf.items():
-        m = _CTLD_KEY.match(key.strip())
-        if m is None or not value.strip():
-            continue
-        name, _, addr = value.strip().partition("(")
-        host = addr.rstrip(")").strip() or name.strip()
-        if HOST_RE.fullmatch(host):
-            hosts[int(m.group(1))] = host
-    if not hosts and conf.get("SlurmctldHost", "").strip():        # an unindexed line
-        for i, value in enumerate(conf["SlurmctldHost"].split(",")):
-            name, _, addr = value.strip().partition("(")
-            host = addr.rstrip(")").strip() or name.strip()
-            if HOST_RE.fullmatch(host):
-                hosts[i] = host
-    return [(hosts[i], port) for i in sorted(hosts)]
+    """``(address, port)`` of each ``SlurmctldHost`` of a parsed ``scontrol show config``, in order
+    (slurm_ft.slurm.slurmctld_hosts): ``ctl(10.0.0.1)`` -> 10.0.0.1 (the address Slurm itself
+    uses), ``ctl`` -> ctl; an address that is no host name or IP address is left out."""
+    from .slurm.records import slurmctld_hosts
+    return [(addr, port) for _, addr in slurmctld_hosts(conf) if HOST_RE.fullmatch(addr)]
 
 
 def endpoints(cfg, slurm=None, timeout_s: float | None = None) -> list[tuple[str, int]]:

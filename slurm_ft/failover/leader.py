@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SlurmFTError
+from ..slurm.records import slurmctld_hosts
 
 log = logging.getLogger("slurm_ft.daemon")
 
@@ -51,7 +52,6 @@ DEFAULT_CTLD_TIMEOUT_S = 120.0
 #: Seconds between two ``scontrol show config`` tries while no slurmctld answers.
 DISCOVER_RETRY_S = 10.0
 
-_HOST_KEY = re.compile(r"^SlurmctldHost\[(\d+)\]$")
 _SECONDS = re.compile(r"^\s*(\d+)")
 
 
@@ -107,16 +107,11 @@ class Controllers:
         """From a parsed ``scontrol show config`` (slurm_ft.slurm.parse_config): keys
         ``SlurmctldHost[0]`` = ``ctl(10.0.0.1)`` ..., ``StateSaveLocation``, ``SlurmctldTimeout``
         = ``6 sec``. Raises :class:`SlurmFTError` when no ``SlurmctldHost`` is listed."""
-        hosts: dict[int, str] = {}
-        for key, value in conf.items():
-            m = _HOST_KEY.match(key.strip())
-            if m and value.strip():
-                hosts[int(m.group(1))] = value.strip().split("(", 1)[0].strip()
+        hosts = tuple(name for name, _ in slurmctld_hosts(conf))
         if not hosts:
             raise SlurmFTError("scontrol show config lists no SlurmctldHost")
         m = _SECONDS.match(conf.get("SlurmctldTimeout", ""))
-        return cls(tuple(hosts[i] for i in sorted(hosts)), conf.get("StateSaveLocation", "").strip(),
-                   float(m.group(1)) if m else DEFAULT_CTLD_TIMEOUT_S)
+        return cls(hosts, conf.get("StateSaveLocation", "").strip(), float(m.group(1)) if m else DEFAULT_CTLD_TIMEOUT_S)
 
     def index_of(self, hostname: str) -> int | None:
         """This host's index among the controllers (short names compared), None if not one."""

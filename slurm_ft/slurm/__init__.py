@@ -25,7 +25,7 @@ from typing import Callable
 from ..errors import SlurmCommandError
 from ..indices import split_indices  # noqa: F401 - split_indices is public here too
 from .records import (ENDED_STATES, Job, Node, compress_nodes, parse_boot_time, parse_config,  # noqa: F401
-                      parse_gres, parse_kv_line, parse_slurm_conf, private_data, split_nodes)
+                      parse_gres, parse_kv_line, parse_slurm_conf, private_data, slurmctld_hosts, split_nodes)
 
 #: Fixed PATH for every child: root code never trusts the caller's PATH.
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"

@@ -103,6 +103,44 @@ def parse_config(text: str) -> dict[str, str]:
     return out
 
 
+_CTLD_KEY = re.compile(r"^slurmctldhost(?:\[(\d+)\])?$", re.IGNORECASE)
+
+
+def slurmctld_hosts(conf: dict[str, str]) -> list[tuple[str, str]]:
+    """``(name, address)`` of each controller, in ``SlurmctldHost`` order: the address is the one
+    in parentheses (``ctl(10.0.0.1)``: the one Slurm itself uses), else the name. One parser for
+    the daemon's leadership, ``doctor``'s roles and the history service's endpoints. ``conf``: a
+    parsed ``scontrol show config`` (:func:`parse_config`: ``SlurmctldHost[0]`` ... and the bare key
+    joining them) or slurm.conf (:func:`parse_slurm_conf`: lower-case keys, a comma-separated
+    line); the old ``ControlMachine``/``BackupController`` when no ``SlurmctldHost`` is set. Empty
+    and ``(null)`` entries are skipped; never raises."""
+    indexed: dict[int, str] = {}
+    bare = legacy = ""
+    for key, value in conf.items():
+        k = str(key).strip()
+        m = _CTLD_KEY.match(k)
+        if m and m.group(1) is not None:
+            indexed.setdefault(int(m.group(1)), str(value))
+        elif m:
+            bare = bare or str(value)
+        elif k.lower() in ("controlmachine", "backupcontroller") and str(value).strip().lower() not in _EMPTY_LOWER:
+            legacy = f"{legacy},{value}" if legacy else str(value)
+    items = [indexed[i] for i in sorted(indexed)] if indexed else (bare or legacy).split(",")
+    out = []
+    for item in items:
+        item = item.strip()
+        if item.lower() in _EMPTY_LOWER:
+            continue
+        name, _, addr = item.partition("(")
+        name, addr = name.strip(), addr.rstrip(")").strip()
+        if name or addr:
+            out.append((name or addr, addr or name))
+    return out
+
+
+_EMPTY_LOWER = ("", "(null)", "none")
+
+
 #: One gres entry as Slurm prints it: ``name[:type][:count[KMGTP]][(S:0-1)]``.
 _GRES_ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)((?::[A-Za-z0-9_.+-]+)*?)(?::(\d{1,9})([KMGTP]?))?"
                         r"(?:\([^()]*\))?$")
