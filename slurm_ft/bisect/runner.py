@@ -263,9 +263,9 @@ def journal_rounds(journal, job_id: int, attempt: int, spec: Spec, result: Resul
 
 
 def drain_reason(spec: Spec, culprit: str, result: Result) -> str:
-    """``slurm-ft: bisect: <test> fails with n5 (round 3 of 3)``: names the test, as an admin must
-    know what to rerun (cut to Slurm's 200 characters)."""
-    from ..drain import LEADER
+    """The drain reason of a bisect's culprit (slurm_ft.drain.reason.bisect_reason), with the last
+    round whose failing test held it."""
+    from ..drain.reason import bisect_reason
     last = next((r.number for r in reversed(result.rounds)
                  for t, o in zip(r.tests, r.outcomes) if culprit in t.suspects and not o.passed), len(result.rounds))
-    return f"{LEADER} bisect: {spec.name} fails with {culprit} (round {last} of {len(result.rounds)})"[:200]
+    return bisect_reason(spec.name, culprit, last, len(result.rounds))

@@ -55,3 +55,9 @@ def health_reason(results) -> str | None:
     first = failing[0]
     where = f"GPU{first.gpu} " if first.gpu is not None and f"GPU{first.gpu}" not in first.measurement else ""
     return f"{LEADER} {first.check}: {where}{first.measurement}"[:200]
+
+
+def bisect_reason(test: str, culprit: str, last_round: int, rounds: int) -> str:
+    """``slurm-ft: bisect: <test> fails with n5 (round 3 of 3)``: names the test, as an admin must
+    know what to rerun (cut to Slurm's 200 characters; slurm_ft.bisect finds the culprit)."""
+    return f"{LEADER} bisect: {test} fails with {culprit} (round {last_round} of {rounds})"[:200]
