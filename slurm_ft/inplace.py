@@ -152,10 +152,7 @@ class CommentReporter:
 
     def report(self, rec: Record) -> None:
         try:
-            current = self.slurm.run("squeue", "-h", f"--jobs={self.job_id}", "-o", "%k").stdout.strip()
-            if current == "(null)":
-                current = ""
-            self.slurm.update_job(self.job_id, Comment=merge(current, rec))
+            self.slurm.update_job(self.job_id, Comment=merge(self.slurm.job_comment(self.job_id), rec))
         except SlurmFTError as exc:
             print(f"slurm-ft run: could not record the restart in the job's comment: {exc}", file=sys.stderr,
                   flush=True)

@@ -45,8 +45,7 @@ class Reporter(_job.Reporter):
         return super().from_env(os.environ if env is None else env, slurm=slurm)
 
     def read_comment(self) -> str:
-        current = self.slurm.run("squeue", "-h", f"--jobs={self.job_id}", "-o", "%k").stdout.strip()
-        return "" if current == "(null)" else current
+        return self.slurm.job_comment(self.job_id)
 
     def write_comment(self, comment: str) -> None:
         self.slurm.update_job(self.job_id, Comment=comment)

@@ -190,6 +190,13 @@ class Slurm:
             seen.setdefault(node.name, node)
         return list(seen.values())
 
+    def job_comment(self, job_id: int) -> str:
+        """The job's ``Comment`` (``squeue -o %k``: what the job's own user may read), "" when it
+        has none. The one reader for the comment's writers: the checkpoint ack and the in-place
+        restart record (slurm_ft.checkpoint.channel, slurm_ft.inplace)."""
+        current = self.run("squeue", "-h", f"--jobs={job_id}", "-o", "%k").stdout.strip()
+        return "" if current == "(null)" else current
+
     def show_config(self, timeout_s: float | None = None) -> dict[str, str]:
         """``scontrol show config`` as a dict of its ``Key = Value`` lines (first occurrence wins);
         ``timeout_s``: this call's bound (default: the client's)."""
