@@ -44,6 +44,12 @@ JOB = st.fixed_dictionaries({
 })
 
 
+
+#: A finished job of alice's whose one attempt failed over on an Xid 79.
+FAILED_OVER = {"name": "train", "user": "alice", "ft_state": "completed", "array": None,
+               "attempts": [{"state": "FAILED", "ended": True, "verdict": "hardware", "evidence": ["Xid 79"],
+                             "actions": [("failover", "done", "")]}]}
+
 def _write(path, jobs: list[dict], retire_first: bool) -> None:
     with open_journal(path) as j:
         for i, spec in enumerate(jobs):
@@ -107,9 +113,7 @@ def test_memo_prints_exactly_what_ft_history_renders(tmp_path_factory, jobs, ret
 
 def test_a_change_to_a_finished_job_drops_its_memo_row(tmp_path):
     path = tmp_path / "daemon.db"
-    job = {"name": "train", "user": "alice", "ft_state": "completed", "array": None,
-           "attempts": [{"state": "FAILED", "ended": True, "verdict": "hardware", "evidence": ["Xid 79"],
-                         "actions": [("failover", "done", "")]}]}
+    job = FAILED_OVER
     _write(path, [job, {**job, "name": "other"}], False)
     assert _fill(path) == 2
     with open_journal(path) as j:       # a late verdict (a node's mailbox read after the job ended)
@@ -256,9 +260,7 @@ def test_jobs_older_than_the_whole_rows_keep_their_job_row(tmp_path_factory, mon
 
 def test_whole_rows_age_into_job_rows_then_out(tmp_path):
     path = tmp_path / "daemon.db"
-    job = {"name": "train", "user": "alice", "ft_state": "completed", "array": None,
-           "attempts": [{"state": "FAILED", "ended": True, "verdict": "hardware", "evidence": ["Xid 79"],
-                         "actions": [("failover", "done", "")]}]}
+    job = FAILED_OVER
     _write(path, [job, {**job, "user": "bob"}], False)
     assert _fill(path) == 2 and set(_memo_rows(path).values()) == {history_mod.render_key()}
     xp = _run(path, ["-u", "alice", "-X", "-P", "-n"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from daemon_world import XID79, World
@@ -95,6 +96,17 @@ def test_redo_does_not_spend_the_retry_budget_twice(tmp_path):
     assert len(_failovers(w, jid)) == 1
 
 
+def _restart_from_a_save_before_the_drain(w: World, node: str, drain: bool = False, reason: str = "") -> None:
+    """slurmctld restarts 30 s later from a state saved before ``node``'s drain: the node comes
+    back as that save holds it (``drain``, ``reason``: not drained, or drained by Slurm's own
+    reason)."""
+    saved = w.slurm.saved_state()
+    r = saved["nodes"][node]
+    r.drain, r.reason, r.reason_time = drain, reason, 0.0
+    w.clock.advance(30)
+    w.slurm.restart_ctld(2.0, state=saved)
+
+
 def test_forgotten_drain_is_reapplied_with_its_reason_and_time(tmp_path):
     w = World(tmp_path)
     jid = w.start()
@@ -102,11 +114,7 @@ def test_forgotten_drain_is_reapplied_with_its_reason_and_time(tmp_path):
     node = _fault_and_failover(w, jid)
     reason = w.slurm.node_recs[node].reason
     drained_at = w.slurm.node_recs[node].reason_time
-    saved = w.slurm.saved_state()
-    r = saved["nodes"][node]                  # the node state save was older than the drain
-    r.drain, r.reason, r.reason_time = False, "", 0.0
-    w.clock.advance(30)
-    w.slurm.restart_ctld(2.0, state=saved)
+    _restart_from_a_save_before_the_drain(w, node)
     assert not w.slurm.node_recs[node].drain
     for _ in range(10):
         w.step(1.0)
@@ -118,11 +126,13 @@ def test_forgotten_drain_is_reapplied_with_its_reason_and_time(tmp_path):
     assert w.job(jid).state == "RUNNING" and w.slurm.requeues == {(jid, 0): 1}
 
 
-def test_a_resume_by_an_admin_is_not_undone(tmp_path):
+@pytest.mark.parametrize("drained_by", ["failover", "epilog"])
+def test_a_resume_by_an_admin_is_not_undone(tmp_path, drained_by):
+    """Whether the daemon's failover drained the node or (a job that completed) its epilog did."""
     w = World(tmp_path)
     jid = w.start()
     w.step(n=2)
-    node = _fault_and_failover(w, jid)
+    node = (_fault_and_failover if drained_by == "failover" else _clean_exit_on_a_faulty_gpu)(w, jid)
     w.slurm.resume(node)                      # the admin repaired it (no controller restart)
     w.clock.advance(61)
     w.step()                                  # a full scan: drain-lifted, once
@@ -253,11 +263,7 @@ def test_a_forgotten_drain_under_slurms_own_reason_gets_its_reason_back(tmp_path
         w.step(n=2)
         node = _fault_and_failover(w, jid)
         reason = w.slurm.node_recs[node].reason
-        saved = w.slurm.saved_state()
-        r = saved["nodes"][node]
-        r.drain, r.reason, r.reason_time = True, theirs, 0.0
-        w.clock.advance(30)
-        w.slurm.restart_ctld(2.0, state=saved)
+        _restart_from_a_save_before_the_drain(w, node, drain=True, reason=theirs)
         for _ in range(10):
             w.step(1.0)
         rec = w.slurm.node_recs[node]
@@ -290,32 +296,13 @@ def test_an_epilogs_drain_that_slurm_forgot_is_reapplied(tmp_path):
     w.step(n=2)
     node = _clean_exit_on_a_faulty_gpu(w, jid)
     reason = w.slurm.node_recs[node].reason
-    saved = w.slurm.saved_state()
-    r = saved["nodes"][node]
-    r.drain, r.reason, r.reason_time = False, "", 0.0
-    w.clock.advance(30)
-    w.slurm.restart_ctld(2.0, state=saved)
+    _restart_from_a_save_before_the_drain(w, node)
     for _ in range(10):
         w.step(1.0)
     rec = w.slurm.node_recs[node]
     assert rec.drain and rec.reason == reason
     again = [x for x in _reconciles(w, jid) if x["kind"] == reconcile.DRAIN_REAPPLIED]
     assert len(again) == 1 and again[0]["status"] == "done" and again[0]["target"] == node
-
-
-def test_an_admins_resume_of_an_epilogs_drain_is_not_undone(tmp_path):
-    w = World(tmp_path)
-    jid = w.start()
-    w.step(n=2)
-    node = _clean_exit_on_a_faulty_gpu(w, jid)
-    w.slurm.resume(node)
-    w.clock.advance(61)
-    w.step()
-    w.slurm.restart_ctld(1.0)
-    for _ in range(70):
-        w.step(1.0)
-    assert not w.slurm.node_recs[node].drain
-    assert [x["kind"] for x in _reconciles(w, jid)] == [reconcile.DRAIN_LIFTED]
 
 
 def test_epilog_drains_are_slurm_fts_reasons_and_never_health_refusals():
