@@ -103,12 +103,10 @@ def render(journal, keys, now: float) -> list[tuple]:
     for job_id, job in jobs.items():
         h = hist._chain(rows, job_id, job, arrays.get(job_id), retired.get(job_id))
         t0, t1 = rows.spans.get(job_id, (None, None))
-        if (job.get("updated") or 0.0) >= whole_since:
-            listed = "\n".join(fmt.parsable(list_cols, fmt.rows(h, now=now), header=False))
-            out.append((job_id, key, t0, t1, listed, fmt.chain(h, header=True, now=now)))
-        else:
-            row = fmt.parsable(list_cols, fmt.rows(h, attempts=False, now=now), header=False)
-            out.append((job_id, short, t0, t1, "\n".join(row), ""))
+        whole = (job.get("updated") or 0.0) >= whole_since
+        listed = "\n".join(fmt.parsable(list_cols, fmt.rows(h, attempts=whole, now=now), header=False))
+        out.append((job_id, key if whole else short, t0, t1, listed,
+                    fmt.chain(h, header=True, now=now) if whole else ""))
     return out
 
 
