@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from . import config as config_mod
-from .errors import ConfigError, SlurmFTError
-from .textsafe import terminal_safe
+from slurm_ft import config as config_mod
+from slurm_ft.errors import ConfigError, SlurmFTError
+from slurm_ft.textsafe import terminal_safe
 
 
 def _default_conf_dir() -> str:
@@ -57,8 +57,8 @@ def install_command(role_names: tuple[str, ...], prefix: str, dry_run: bool, onl
     ctld event hook with its tmpfiles.d entry, the daemon's systemd unit, a default
     /etc/slurm-ft/slurm-ft.toml. Idempotent; files others wrote or edited are never overwritten
     without --force. Run as root. Exit 1 when a file was left in conflict."""
-    from . import install as inst
-    from .assets import venv_python
+    from slurm_ft import install as inst
+    from slurm_ft.assets import venv_python
     real = os.path.realpath(prefix) == "/"
     try:
         if real and not dry_run and os.geteuid() != 0:
@@ -131,7 +131,7 @@ def doctor_command(role: str, slurm_conf: str | None, node: str | None, as_json:
     Prolog/Epilog/PrologFlags, JobSubmitPlugins=lua and job_submit.lua, CliFilterPlugins, the
     plugstack line and the plugin, journals, the daemon's heartbeat, NVML, the config).
     Exit 1 when any check fails."""
-    from . import doctor as doc
+    from slurm_ft import doctor as doc
     cfg, cfg_error = None, None
     try:
         cfg = config_mod.load(config_path)
@@ -172,9 +172,9 @@ def metrics_command(textfile: str | None, port: int | None, address: str, no_slu
     """Prometheus metrics from the daemon journal (and sinfo): verdicts and failovers by class
     and rule, drains, evacuations, continuations, max-retries, breaker state, daemon heartbeat
     age, time to recover. Prints them, writes a textfile-collector file, or serves them."""
-    from . import logfmt
-    from . import metrics as m
-    from .slurm import Slurm
+    from slurm_ft import logfmt
+    from slurm_ft import metrics as m
+    from slurm_ft.slurm import Slurm
     if textfile and port:
         raise click.UsageError("--textfile and --port: choose one")
     try:

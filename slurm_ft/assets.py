@@ -24,8 +24,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from .config import FailoverConfig
-from .data import data_text
+from slurm_ft.config import FailoverConfig
+from slurm_ft.data import data_text
 
 #: Where ``slurm-ft install`` puts each kind of file (below ``--prefix``); docs/install.md.
 LIBEXEC_DIR = "/usr/local/libexec/slurm-ft"

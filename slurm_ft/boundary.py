@@ -145,7 +145,7 @@ def report(hook: str, exc: BaseException, *, cfg=None, env: dict | None = None, 
 
 
 def _one_line(hook: str, exc: BaseException) -> str:
-    from .textsafe import terminal_safe
+    from slurm_ft.textsafe import terminal_safe
     msg = terminal_safe(str(exc))[:SYSLOG_CHARS]
     where = ""
     tb = traceback.extract_tb(exc.__traceback__)
@@ -156,7 +156,7 @@ def _one_line(hook: str, exc: BaseException) -> str:
 
 def _config(env: dict | None):
     """The noted config, else the one the environment names, else the defaults (``pass``)."""
-    from . import config as config_mod
+    from slurm_ft import config as config_mod
     if _context.get("cfg") is not None:
         return _context["cfg"]
     try:
@@ -166,7 +166,7 @@ def _config(env: dict | None):
 
 
 def _fallback_log(hook: str, cfg, env: dict | None):
-    from .nodelog import NodeLog
+    from slurm_ft.nodelog import NodeLog
     log = NodeLog(hook)
     node = _context.get("node") or (env if env is not None else os.environ).get("SLURMD_NODENAME", "")
     template = getattr(cfg.node_state, "log", "")

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from . import config as config_mod
-from .errors import SlurmFTError
+from slurm_ft import config as config_mod
+from slurm_ft.errors import SlurmFTError
 
 
 @click.group("breaker")
@@ -16,8 +16,8 @@ def breaker_command() -> None:
 
 
 def _open(config_path: str | None):
-    from .journal import open_daemon_journal
-    from .slurm import Slurm
+    from slurm_ft.journal import open_daemon_journal
+    from slurm_ft.slurm import Slurm
 
     cfg = config_mod.load(config_path)
     return cfg, Slurm.from_config(cfg), open_daemon_journal(cfg)
@@ -29,8 +29,8 @@ def _open(config_path: str | None):
 def status(as_json: bool, config_path: str | None) -> None:
     """Drains by slurm-ft in the window, per partition, against the limit; whether the daemon's
     latch is open. Exit status 0 closed, 3 open (for monitoring), 1 error."""
-    from .drain import breaker
-    from .textsafe import terminal_safe
+    from slurm_ft.drain import breaker
+    from slurm_ft.textsafe import terminal_safe
 
     try:
         cfg, slurm, journal = _open(config_path)

@@ -9,10 +9,10 @@ import time
 
 import click
 
-from . import config as config_mod
-from . import logfmt
-from .errors import SlurmFTError
-from .lab import layout as lab_layout
+from slurm_ft import config as config_mod
+from slurm_ft import logfmt
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.lab import layout as lab_layout
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -48,18 +48,19 @@ def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str, 
         raise click.ClickException("slurm-ft daemon runs as root: it writes the journal and runs scontrol "
                                    "requeue/update/drain (systemd: slurm-ft install, docs/install.md)")
     if log_file:
-        from . import logfile
+        from slurm_ft import logfile
         try:
             logfile.attach(log_file, max_bytes=log_file_max_mb * 1024 * 1024, backups=log_file_backups)
         except SlurmFTError as exc:
             raise _fail(exc) from None
-    from . import daemonlock
-    from .failover.daemon import Daemon
-    from .journal import open_daemon_journal
+    from slurm_ft import daemonlock
+    from slurm_ft.failover.daemon import Daemon
+    from slurm_ft.journal import open_daemon_journal
     try:
         cfg = config_mod.load(config_path)
         open_daemon_journal(cfg).close()    # the journal's directory, with the journal's permissions
-        from .history_service import serving    # users' ft-history from login nodes ([history] serve)
+        from slurm_ft.history_service import (  # users' ft-history from login nodes ([history] serve)
+            serving)
         with daemonlock.acquire(cfg.journal.path), serving(cfg, enabled=not once):
             Daemon(cfg).run(once=once)
     except SlurmFTError as exc:
@@ -87,10 +88,10 @@ def drain(node: str, checkpoint: bool, reason: str | None, timeout_s: int | None
     report each job from the journal. Exit status 3 when a job did not save within its wait,
     ended instead of saving, was not evacuated, or the daemon did not answer within --timeout;
     0 when each one saved (or had nothing that could save and was requeued)."""
-    from .failover import evacuation
-    from .journal import open_daemon_journal
-    from .slurm import Slurm
-    from .textsafe import terminal_safe
+    from slurm_ft.failover import evacuation
+    from slurm_ft.journal import open_daemon_journal
+    from slurm_ft.slurm import Slurm
+    from slurm_ft.textsafe import terminal_safe
     say = lambda line: click.echo(terminal_safe(line))  # noqa: E731  (journal text is job text)
     try:
         cfg = config_mod.load(config_path)
@@ -140,9 +141,9 @@ def report(fmt: str | None, as_json: bool, output: str | None, days: float, flap
     """Drain report for admins: nodes out of service and who took them out (slurm-ft for a fault
     or a health check, an admin, Slurm), drains in the window with counts that add up, flapping
     nodes and GPUs (RMA candidates), Xids and failed health checks per node and GPU."""
-    from .report import check_output, collect, render, write_report
-    from .slurm import Slurm
-    from .textsafe import terminal_safe
+    from slurm_ft.report import check_output, collect, render, write_report
+    from slurm_ft.slurm import Slurm
+    from slurm_ft.textsafe import terminal_safe
     if as_json and fmt not in (None, "json"):
         raise click.UsageError(f"--json and --format {fmt} contradict each other")
     fmt = "json" if as_json else fmt or "text"
@@ -151,8 +152,8 @@ def report(fmt: str | None, as_json: bool, output: str | None, days: float, flap
             check_output(output)           # before asking Slurm: a typo in -o fails at once
         cfg = config_mod.load(config_path)
         if ack_nodes is not None:          # slurm_ft/report/ack.py (docs/drain-report.md)
-            from .journal import open_daemon_journal
-            from .report.ack import acknowledge
+            from slurm_ft.journal import open_daemon_journal
+            from slurm_ft.report.ack import acknowledge
             try:
                 with open_daemon_journal(cfg) as journal:
                     acknowledge(journal, ack_nodes, ack_reason or "", by=os.environ.get("SUDO_USER", ""))
@@ -181,7 +182,7 @@ def run_command(restarts: int, delay_s: float, command: tuple[str, ...]) -> None
     not retried; hardware and anything else ends the job so that slurm-ft requeues it (elsewhere,
     for a hardware fault). Exits with the step's status. Each restart is recorded in the job's
     comment and shown by ft-history."""
-    from .inplace import run
+    from slurm_ft.inplace import run
     argv = list(command[1:] if command and command[0] == "--" else command)
     if not argv:
         raise click.UsageError("no command to run (slurm-ft run -- srun ...)")
@@ -201,7 +202,7 @@ _dir_option = click.option("--dir", "lab_dir", type=click.Path(file_okay=False),
 
 
 def _lab(lab_dir: str):
-    from .lab.cluster import Lab
+    from slurm_ft.lab.cluster import Lab
     return Lab(lab_dir)
 
 
@@ -214,7 +215,7 @@ def _engine_options(f):
 
 
 def _docker_lab(slurm: str | None, lab_dir: str):
-    from .lab.docker_engine import DockerLab
+    from slurm_ft.lab.docker_engine import DockerLab
     # the native default directory is not the Docker lab's (/var/tmp/slurm-ft-dlab-<version>)
     return DockerLab(slurm, None if lab_dir == str(lab_layout.DEFAULT_DIR) else lab_dir)
 
@@ -234,7 +235,7 @@ def lab_up(nodes: int, no_daemon: bool, controllers: int, port_base: int | None,
     """Start the lab cluster (idempotent; copes with stale state from a killed lab). With
     ``--engine docker``: a controller and NODES compute containers of Slurm ``--slurm``
     (docs/lab.md; the image is built on first use, then cached)."""
-    from .lab.cluster import Lab
+    from slurm_ft.lab.cluster import Lab
     try:
         if engine == "docker":
             _docker_lab(slurm, lab_dir).up(nodes=nodes, daemon=not no_daemon, log=click.echo,
@@ -268,7 +269,7 @@ def lab_down(lab_dir: str, engine: str, slurm: str | None) -> None:
 def lab_build_image(slurm: tuple[str, ...]) -> None:
     """Build (or find cached) the Docker lab image of each Slurm version (offline, from Debian's
     packages); prints the time each takes."""
-    from .lab.docker_engine import build_image
+    from slurm_ft.lab.docker_engine import build_image
     try:
         for version in slurm or ("24.11",):
             t0 = time.monotonic()
@@ -304,7 +305,7 @@ def lab_status(as_json: bool, lab_dir: str) -> None:
 def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool, lab_dir: str) -> None:
     """Write a real-format NVRM Xid line for NODE's GPU into /dev/kmsg and kill the job processes
     on that GPU, as a lost GPU does."""
-    from .lab.inject import inject_xid
+    from slurm_ft.lab.inject import inject_xid
     nodes = _lab(lab_dir).nodes()
     if node not in nodes:
         raise click.BadParameter(f"{node!r} is not a node of the lab in {lab_dir} ({', '.join(nodes) or 'none'})",
@@ -328,7 +329,7 @@ def lab_inject_xid(node: str, xid: int, gpu: int, no_kill: bool, lab_dir: str) -
 def lab_inject_infra(node: str, job_id: int | None, message: str | None, lab_dir: str) -> None:
     """Make the step tasks of the jobs on NODE fail as a network fault does: each task prints an
     infra error line on its stderr and is killed (SIGKILL). The batch script is left alone."""
-    from .lab.inject import inject_infra
+    from slurm_ft.lab.inject import inject_infra
     lab_ = _lab(lab_dir)
     if node not in lab_.nodes():
         raise click.BadParameter(f"{node!r} is not a node of the lab in {lab_dir}", param_hint="NODE")
@@ -349,8 +350,8 @@ def lab_inject_infra(node: str, job_id: int | None, message: str | None, lab_dir
 @_dir_option
 def lab_set_gpu(node: str, gpu: int, assignments: tuple[str, ...], lab_dir: str) -> None:
     """Change a fake GPU's state: slurm-ft lab set-gpu n1 0 row_remap_pending=1."""
-    from .lab.cluster import check_lab_dir
-    from .nvml import fake
+    from slurm_ft.lab.cluster import check_lab_dir
+    from slurm_ft.nvml import fake
     lab_ = _lab(lab_dir)
     path = lab_.lay.inventory(node)
     if not path.exists():
@@ -383,8 +384,8 @@ def lab_env(lab_dir: str) -> None:
 @_dir_option
 def lab_reset(lab_dir: str) -> None:
     """Cancel the lab's jobs, resume every drained node, make every fake GPU healthy again."""
-    from .lab.demo import reset_nodes
-    from .slurm import Slurm
+    from slurm_ft.lab.demo import reset_nodes
+    from slurm_ft.slurm import Slurm
     lab_ = _lab(lab_dir)
     try:
         reset_nodes(lab_, Slurm(conf=str(lab_.lay.slurm_conf)))
@@ -421,7 +422,7 @@ def lab_restart_ctld(lose_state: float | None, lab_dir: str) -> None:
 @_dir_option
 def lab_demo(lab_dir: str) -> None:
     """Failover demo: train on the lab, inject Xid 79 on its node, watch it resume elsewhere."""
-    from .lab.demo import run_demo
+    from slurm_ft.lab.demo import run_demo
     try:
         ok = run_demo(lab_dir, log=click.echo)
     except SlurmFTError as exc:
@@ -429,12 +430,12 @@ def lab_demo(lab_dir: str) -> None:
     sys.exit(0 if ok else 1)
 
 
-from .admin_cli import doctor_command, install_command, metrics_command  # noqa: E402
-from .bisect.cli import bisect_command  # noqa: E402
-from .breaker_cli import breaker_command  # noqa: E402
-from .classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
-from .health.cli import health_command  # noqa: E402
-from .wait import wait_command  # noqa: E402
+from slurm_ft.admin_cli import doctor_command, install_command, metrics_command  # noqa: E402
+from slurm_ft.bisect.cli import bisect_command  # noqa: E402
+from slurm_ft.breaker_cli import breaker_command  # noqa: E402
+from slurm_ft.classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
+from slurm_ft.health.cli import health_command  # noqa: E402
+from slurm_ft.wait import wait_command  # noqa: E402
 
 main.add_command(bisect_command)
 main.add_command(breaker_command)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from slurm_ft.errors import ConfigError
 
 DEFAULT_PATH = Path("/etc/slurm-ft/slurm-ft.toml")
 
@@ -433,11 +433,11 @@ def from_dict(data: dict[str, Any], source: str | None = None) -> Config:
 def _validate_subsections(cfg: Config) -> None:
     """Let the sub-packages reject typos in their own sections at load time."""
     if cfg.classify:
-        from .classify import policy as classify_policy  # local: keeps epilog start-up lean
+        from slurm_ft.classify import policy as classify_policy  # local: keeps epilog start-up lean
 
         classify_policy.from_config(cfg.classify)
     if cfg.health:
-        from .health import config as health_config
+        from slurm_ft.health import config as health_config
 
         health_config.from_config(cfg.health)
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SlurmFTError
+from slurm_ft.errors import SlurmFTError
 
 LOCK_NAME = "daemon.lock"
 HEARTBEAT_NAME = "daemon.heartbeat"

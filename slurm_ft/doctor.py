@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import assets, daemonlock
-from .errors import SlurmFTError
-from .install import untrusted
-from .slurm import parse_slurm_conf, plugstack_lines, slurmctld_hosts
+from slurm_ft import assets, daemonlock
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.install import untrusted
+from slurm_ft.slurm import parse_slurm_conf, plugstack_lines, slurmctld_hosts
 
 ROLES = ("node", "controller")
 STATUSES = ("OK", "WARN", "FAIL", "SKIP")
@@ -273,7 +273,7 @@ def check_plugstack(env: Env) -> list[Check]:
 
 
 def _journal_check(name: str, path: Path) -> Check:
-    from .journal import open_journal
+    from slurm_ft.journal import open_journal
     if path.exists():
         if not os.access(path, os.R_OK | os.W_OK):
             return Check(name, "FAIL", f"{path} is not readable and writable by this user", "run doctor as root")
@@ -300,7 +300,7 @@ def _journal_check(name: str, path: Path) -> Check:
 def _writable_check(name: str, path: Path) -> Check:
     """Whether the journal's storage takes writes now (slurm_ft.journal.trouble): a full disk, a
     read-only remount or an I/O error named as such; rows waiting in its spool."""
-    from .journal import trouble
+    from slurm_ft.journal import trouble
     t = trouble.check_writable(path, write_test=os.geteuid() == 0)
     if t is not None:
         return Check(name, "FAIL", f"{path}: {t}; failovers go on, its rows wait in the daemon's memory", t.advice)
@@ -357,9 +357,9 @@ def health_scope(env: Env):
     a Scope, None when not probed, or the ConfigError text of a bad ``[health]`` table."""
     if env.cfg is None or env.node_facts is None:
         return None
-    from .errors import ConfigError
-    from .health.config import from_config
-    from .health.scope import decide
+    from slurm_ft.errors import ConfigError
+    from slurm_ft.health.config import from_config
+    from slurm_ft.health.scope import decide
     try:
         return decide(env.node_facts(env.host), from_config(env.cfg.health))
     except ConfigError as exc:
@@ -499,7 +499,7 @@ def python_probe(python: str, module: str) -> str | None:
 def nvml_probe_for(cfg) -> Callable[[str], tuple[bool, str]]:
     """NVML init and GPU count under the health checks' deadline (``[health] nvml_timeout_s``)."""
     def probe(node: str) -> tuple[bool, str]:
-        from .health import run_checks
+        from slurm_ft.health import run_checks
         try:
             results = run_checks(cfg, node, only=["gpu_count"])
         except SlurmFTError as exc:
@@ -516,7 +516,7 @@ def nvml_probe_for(cfg) -> Callable[[str], tuple[bool, str]]:
 def kernel_log_probe() -> str | None:
     """None when the epilog's kernel-log read (slurm_ft.classify.sources.read_kmsg: /dev/kmsg, else
     dmesg) works for this process, else the reason. Run doctor as root, as slurmd runs the epilog."""
-    from .classify.sources import read_kmsg
+    from slurm_ft.classify.sources import read_kmsg
     try:
         read_kmsg(time.monotonic())
     except SlurmFTError as exc:
@@ -528,7 +528,7 @@ def node_facts_probe_for(cfg) -> Callable[[str], object]:
     """``node -> NodeFacts`` from ``scontrol show node -o NODE`` (asked every time: doctor is no
     prolog); a node Slurm does not answer for has ``gpus=None``."""
     def probe(node: str):
-        from .health.scope import NodeFacts, record_facts, scontrol_lookup
+        from slurm_ft.health.scope import NodeFacts, record_facts, scontrol_lookup
         try:
             record = scontrol_lookup(cfg)(node)
             if record.get("NodeName") != node:
@@ -545,8 +545,8 @@ def slurm_settings(slurm_conf: str | None, cfg) -> tuple[dict[str, str], str, Pa
     show config`` unless ``slurm_conf`` is given, else (or when slurmctld does not answer) the
     slurm.conf file ($SLURM_CONF, /etc/slurm/slurm.conf)."""
     if slurm_conf is None:
-        from .config import SlurmConfig
-        from .slurm import Slurm
+        from slurm_ft.config import SlurmConfig
+        from slurm_ft.slurm import Slurm
         try:
             s = Slurm.from_config(cfg) if cfg is not None else Slurm(bin_dir=SlurmConfig().bin_dir)
             conf = lower_keys(s.show_config())

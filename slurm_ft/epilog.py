@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import time
 
-from .boundary import KERNEL_LOG_FILE, bump, note, root_entry
-from .errors import SlurmFTError
-from .nodejob import NodeJob, pop_start_marker
-from .nodelog import start_script
-from .output_pattern import PatternError, expand_pattern, pattern_needs_job_record, with_job_record
+from slurm_ft.boundary import KERNEL_LOG_FILE, bump, note, root_entry
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.nodejob import NodeJob, pop_start_marker
+from slurm_ft.nodelog import start_script
+from slurm_ft.output_pattern import (
+    PatternError, expand_pattern, pattern_needs_job_record, with_job_record)
 
 #: If the prolog left no start marker, look this far back in the kernel log (seconds).
 FALLBACK_WINDOW_S = 3600.0
@@ -38,9 +39,9 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
     and counted (``<[node_state] dir>/kernel-log-unavailable.json``, the
     ``slurm_ft_kernel_log_unavailable_total`` metric): :func:`verify_untrusted` then asks the
     trusted GPU checks."""
-    from . import nvml
-    from .classify import Evidence
-    from .classify.sources import read_kmsg, read_tail_safely
+    from slurm_ft import nvml
+    from slurm_ft.classify import Evidence
+    from slurm_ft.classify.sources import read_kmsg, read_tail_safely
 
     node_bus: dict[str, int] | None = None
     # without a GPU map a job without GPUs still owns none (a GPU job's bus ids are then unknown)
@@ -72,7 +73,7 @@ def read_outputs(cfg, job: NodeJob, log, read_tail) -> tuple[str, tuple[str, ...
     per output that could not be read (a pattern slurm-ft will not expand, a file it may not
     read). One ``scontrol show job`` only when a pattern needs the job name or array ids the
     environment lacks (:func:`pattern_needs_job_record`); the same file named twice is read once."""
-    from .textsafe import terminal_safe
+    from slurm_ft.textsafe import terminal_safe
 
     if any(pattern_needs_job_record(p, job) for p in (job.stderr, job.stdout)):
         job = with_job_record(cfg, job, log)
@@ -106,7 +107,7 @@ def with_unread_outputs(verdict, evidence):
     the verdict's line bound (``classify.model.MAX_EVIDENCE_LINES``; the deciding lines stay first)."""
     import dataclasses
 
-    from .classify.model import MAX_EVIDENCE_LINES
+    from slurm_ft.classify.model import MAX_EVIDENCE_LINES
     unread = tuple(getattr(evidence, "output_unread", ()) or ())
     if not unread:
         return verdict
@@ -120,7 +121,7 @@ def window_start(cfg, job: NodeJob, marker: dict | None, log) -> float:
     if marker:
         return marker["monotonic"] - 1.0
     try:
-        from .slurm import Slurm
+        from slurm_ft.slurm import Slurm
         info = Slurm.from_config(cfg).job(job.job_id)
         if info is not None and info.start_time:
             return time.monotonic() - (time.time() - info.start_time) - 1.0
@@ -139,8 +140,9 @@ def with_prior_xids(cfg, job: NodeJob, evidence, policy, log):
     cannot be read is logged and the evidence returned unchanged."""
     import dataclasses
 
-    from .classify.history import MAX_PRIOR_VERDICTS, SCAN_VERDICTS, lookback_s, needs_history, prior_xids
-    from .journal import open_node_journal
+    from slurm_ft.classify.history import (
+        MAX_PRIOR_VERDICTS, SCAN_VERDICTS, lookback_s, needs_history, prior_xids)
+    from slurm_ft.journal import open_node_journal
 
     if not needs_history(evidence.kernel_lines, policy):
         return evidence
@@ -167,7 +169,7 @@ def classify_window(evidence, policy):
     """:func:`slurm_ft.classify.classify` of the epilog's evidence, through grep's candidate lines
     when the window is large (:data:`GREP_WINDOW_CHARS`; grep missing or failing falls back to
     the pure-Python scan inside the classifier)."""
-    from .classify import classify
+    from slurm_ft.classify import classify
 
     size = sum(map(len, evidence.kernel_lines)) + len(evidence.kernel_lines) + len(evidence.stderr_tail or "")
     return classify(evidence, policy, prefilter="grep" if size >= GREP_WINDOW_CHARS else "auto")
@@ -201,9 +203,9 @@ def with_recurrence(cfg, job: NodeJob, evidence, verdict, policy, log):
     (logged), leave both unchanged."""
     import dataclasses
 
-    from .classify.history import (MAX_PRIOR_VERDICTS, SCAN_VERDICTS, crash_lookback_s, crash_rules,
+    from slurm_ft.classify.history import (MAX_PRIOR_VERDICTS, SCAN_VERDICTS, crash_lookback_s, crash_rules,
                                    needs_crash_history, prior_crashes)
-    from .journal import open_node_journal
+    from slurm_ft.journal import open_node_journal
 
     if not needs_crash_history(verdict.rule, policy):
         return evidence, verdict
@@ -241,14 +243,14 @@ def run(env: dict[str, str] | None = None) -> int:
         marker = pop_start_marker(cfg.node_state.dir, job)
         job = attempt_that_ran(job, marker)
         since = window_start(cfg, job, marker, log)
-        from .classify import default_policy, from_config
+        from slurm_ft.classify import default_policy, from_config
         policy = from_config(cfg.classify) if cfg.classify else default_policy()
         evidence = with_prior_xids(cfg, job, gather_evidence(cfg, job, since, log), policy, log)
         evidence, verdict = with_recurrence(cfg, job, evidence, classify_window(evidence, policy), policy, log)
         verdict = verify_untrusted(cfg, job, verdict, log, evidence=evidence)
         verdict = with_unread_outputs(verdict, evidence)
         record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
-        from .hang.watcher import epilog_cleanup
+        from slurm_ft.hang.watcher import epilog_cleanup
         if epilog_cleanup(cfg, job.job_id, job.node):
             log("hang watcher still running at the job's end: stopped")
     except SlurmFTError as exc:
@@ -277,11 +279,11 @@ def trusted_failures(cfg, job: NodeJob, log, run_checks=None):
     result, the failing ones, and the failing ones that are node-level or on one of the job's GPUs
     (``SLURM_JOB_GPUS``: a job without GPUs owns none). Checks that cannot run give three empty
     lists (logged). ``run_checks``: for tests."""
-    from .health import unhealthy
-    from .health.actions import journal_results
+    from slurm_ft.health import unhealthy
+    from slurm_ft.health.actions import journal_results
 
     if run_checks is None:
-        from .health import run_checks
+        from slurm_ft.health import run_checks
     try:
         results = run_checks(cfg, job.node)
     except SlurmFTError as exc:
@@ -322,7 +324,7 @@ def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None, evidence=
     non-ok verdict reached without a kernel log carries the line ``kernel log unavailable:
     <reason>``.  Every other verdict is returned unchanged.  ``run_checks``: for tests.
     """
-    from .classify.model import MAX_EVIDENCE_LINES
+    from slurm_ft.classify.model import MAX_EVIDENCE_LINES
 
     missing = getattr(evidence, "kernel_log_error", "") if evidence is not None else ""
     unplaced = tuple(getattr(verdict, "unplaced", ()) or ())
@@ -343,15 +345,15 @@ def verify_untrusted(cfg, job: NodeJob, verdict, log, run_checks=None, evidence=
 def kernel_log_line(missing: str) -> str:
     """The evidence line ``kernel log unavailable: <reason>``: one line (controls escaped,
     slurm_ft.textsafe), at most ``MAX_EVIDENCE_CHARS`` characters."""
-    from .classify.model import MAX_EVIDENCE_CHARS
-    from .textsafe import terminal_safe
+    from slurm_ft.classify.model import MAX_EVIDENCE_CHARS
+    from slurm_ft.textsafe import terminal_safe
     return f"kernel log unavailable: {terminal_safe(missing)}"[:MAX_EVIDENCE_CHARS]
 
 
 def _verify_without_kernel_log(cfg, job: NodeJob, verdict, log, run_checks, missing: str):
     import dataclasses
 
-    from .classify.model import MAX_EVIDENCE_LINES
+    from slurm_ft.classify.model import MAX_EVIDENCE_LINES
 
     results, failing, mine = trusted_failures(cfg, job, log, run_checks)
     gpus = ",".join(map(str, job.gpus or ()))
@@ -372,7 +374,7 @@ def _verify(cfg, job: NodeJob, verdict, log, run_checks, unplaced: tuple):
     """The ``verify`` / unplaced part of :func:`verify_untrusted`."""
     import dataclasses
 
-    from .classify.model import MAX_EVIDENCE_LINES
+    from slurm_ft.classify.model import MAX_EVIDENCE_LINES
 
     results, failing, mine = trusted_failures(cfg, job, log, run_checks)
     if verdict.action != "verify":  # only unplaced records: they decide nothing by themselves
@@ -422,7 +424,7 @@ class SlurmOnUse:
 
     def __getattr__(self, name: str):
         if self._slurm is None:
-            from .slurm import Slurm
+            from slurm_ft.slurm import Slurm
             self._slurm = Slurm.from_config(self._cfg)
         return getattr(self._slurm, name)
 
@@ -436,10 +438,10 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
     mailbox for the daemon (non-ok verdicts only; a refused post waits in the node's outbox),
     then the node journal. Nothing waits on the journal: one another process holds locked gets
     the rows through its spool (``<journal>.spool``) a moment later."""
-    from .failover import mailbox
-    from .failover.verdict import NodeVerdict
-    from .journal import identity, open_node_journal
-    from .nodejob import node_key
+    from slurm_ft.failover import mailbox
+    from slurm_ft.failover.verdict import NodeVerdict
+    from slurm_ft.journal import identity, open_node_journal
+    from slurm_ft.nodejob import node_key
 
     v = NodeVerdict.from_classified(verdict, job_id=job.job_id, attempt=job.attempt, node=job.node,
                                     exit_code=job.exit_code, time=time.time())
@@ -448,7 +450,7 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
     if v.action == "drain_node" and cfg.failover.drain:
         # Drain before the epilog ends: the job's resources are freed right after, and the
         # scheduler must not hand the sick GPU to the next job in the meantime.
-        from .drain import drain_node, drain_reason
+        from slurm_ft.drain import drain_node, drain_reason
         try:
             log(f"drain: {drain_node(slurm, job.node, drain_reason(job.job_id, v), breaker=cfg.breaker)}")
         except SlurmFTError as exc:
@@ -486,7 +488,7 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
 def main() -> None:
     """The process entry (``python -m slurm_ft.epilog``; the checkout's wrapper calls it after its
     ``-S`` start): run the epilog and exit (slurm_ft.boundary.exit_process)."""
-    from .boundary import exit_process
+    from slurm_ft.boundary import exit_process
     exit_process(run())
 
 

@@ -28,15 +28,15 @@ from pathlib import Path
 
 import click
 
-from . import config as config_mod
-from . import daemonlock
-from . import history_format as fmt
-from .errors import JournalError, SlurmFTError
-from .failover import policy
-from .journal import identity, open_journal
-from .journal.migrations import MEMO_TABLE
-from .textsafe import terminal_safe
-from .timespec import parse_time
+from slurm_ft import config as config_mod
+from slurm_ft import daemonlock
+from slurm_ft import history_format as fmt
+from slurm_ft.errors import JournalError, SlurmFTError
+from slurm_ft.failover import policy
+from slurm_ft.journal import identity, open_journal
+from slurm_ft.journal.migrations import MEMO_TABLE
+from slurm_ft.textsafe import terminal_safe
+from slurm_ft.timespec import parse_time
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def current_viewer(cfg, uid: int | None = None, slurm=None) -> Viewer:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = str(uid)
-    from .slurm import Slurm, private_data
+    from slurm_ft.slurm import Slurm, private_data
     try:
         timeout_s = cfg.slurm.command_timeout_s if cfg is not None else config_mod.SlurmConfig().command_timeout_s
         conf = (slurm or Slurm(bin_dir=config_mod.trusted_bin_dir(cfg), timeout_s=timeout_s)).show_config()
@@ -99,7 +99,7 @@ def _job_row(journal, job_id: int, viewer: Viewer | None) -> dict | None:
 
 def _fold(names) -> str:
     """Node names as one Slurm hostlist (``gpu[01-02]-ib``); a name that is not one is listed as is."""
-    from .slurm import compress_nodes     # here: ft-history's start imports no Slurm client
+    from slurm_ft.slurm import compress_nodes     # here: ft-history's start imports no Slurm client
     names = sorted(set(names))
     try:
         return compress_nodes(names)
@@ -129,7 +129,7 @@ def history(journal, job_id: int, viewer: Viewer | None = None) -> dict:
 def _observed() -> str:
     """The status of an observe-mode daemon's actions (slurm_ft.failover.observe.OBSERVED), read
     at first use: ft-history's start does not import the observe machinery."""
-    from .failover.observe import OBSERVED
+    from slurm_ft.failover.observe import OBSERVED
     return OBSERVED
 
 
@@ -413,7 +413,7 @@ class _Prefetched:
     them). :attr:`spans` is :func:`_spans`' answer for the records, from the same rows."""
 
     def __init__(self, journal, keys, jobs: dict | None = None):
-        from .journal.store import _json_list
+        from slurm_ft.journal.store import _json_list
 
         self.journal = journal
         arg = {"keys": json.dumps(sorted({int(k) for k in keys}))}
@@ -583,7 +583,7 @@ def parse_nodelist(text: str) -> frozenset[str]:
     """``-N`` value: a Slurm hostlist (``g[001-004],n1``, ClusterShell's syntax without its set
     operators and groups) -> the node names. Raises ValueError with one line naming the problem
     (a malformed hostlist, a name Slurm would not take, more than :data:`MAX_NODES` names)."""
-    from .slurm.records import _nodeset
+    from slurm_ft.slurm.records import _nodeset
 
     text = str(text).strip()
     if not text:
@@ -624,7 +624,7 @@ class _NodeMatch:
                 hit = self.names & {text}
             else:
                 try:
-                    from .slurm.records import _nodeset
+                    from slurm_ft.slurm.records import _nodeset
                     hit = self.names.intersection(_nodeset(text))
                 except Exception:     # noqa: BLE001 - not a hostlist: the text as one name
                     hit = self.names & {text}
@@ -669,7 +669,7 @@ def _step_name(action: str, detail: str | None) -> str | None:
     if action in NODE_STEPS:
         return NODE_STEPS[action]
     if action == "reconcile":
-        from .failover.reconcile import parse_detail
+        from slurm_ft.failover.reconcile import parse_detail
         return _RECONCILE_STEPS.get(str(parse_detail(detail).get("kind")))
     return None
 
@@ -927,7 +927,7 @@ _WOULD = ("drain", "requeue", "release", "hold", "relax", "evacuation", "continu
 
 
 def _reconcile_why(detail: str) -> str:
-    from .failover.reconcile import parse_detail
+    from slurm_ft.failover.reconcile import parse_detail
 
     d = parse_detail(detail)
     return str(d.get("why") or d.get("kind") or detail)
@@ -1172,7 +1172,8 @@ def command(job_ids, users, all_users: bool, accounts, nodelist, start: float | 
         root_with_path = journal_path and not config_path and os.getuid() == 0
         cfg = None if root_with_path else config_mod.load(config_path)
         path = journal_path or cfg.journal.path
-        from . import history_client    # an ordinary user who cannot read the journal (a login node): the
+        from slurm_ft import (  # an ordinary user who cannot read the journal (a login node): the
+            history_client)
         remote = cfg is not None and history_client.wanted(path, bool(journal_path))  # controller answers
         if remote:
             found, error, waiting, steps = history_client.select(cfg, sel)
@@ -1197,7 +1198,8 @@ def command(job_ids, users, all_users: bool, accounts, nodelist, start: float | 
     if daemon_state == "stale":
         click.echo(terminal_safe(f"ft-history: warning: the slurm-ft daemon has not run for {age:.0f} s (heartbeat "
                                  f"{daemonlock.heartbeat_path(path)}): the journal may be behind Slurm"), err=True)
-    from .journal import trouble     # a full disk, a read-only remount: rows may wait unwritten (issue 20)
+    from slurm_ft.journal import (  # a full disk, a read-only remount: rows may wait unwritten (issue 20)
+        trouble)
     if not remote and ((jt := trouble.check_writable(path)) is not None or waiting):
         why = f"its filesystem is {jt}" if jt else f"{waiting} row(s) wait in its spool"
         click.echo(terminal_safe(f"ft-history: warning: journal {path}: {why}: the newest decisions may not be "

@@ -19,8 +19,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from .config import HOST_RE, parse_endpoints
-from .errors import SlurmFTError
+from slurm_ft.config import HOST_RE, parse_endpoints
+from slurm_ft.errors import SlurmFTError
 
 #: Seconds to connect to one controller before trying the next.
 CONNECT_S = 5.0
@@ -34,7 +34,7 @@ def controllers(conf: dict[str, str], port: int) -> list[tuple[str, int]]:
     """``(address, port)`` of each ``SlurmctldHost`` of a parsed ``scontrol show config``, in order
     (slurm_ft.slurm.slurmctld_hosts): ``ctl(10.0.0.1)`` -> 10.0.0.1 (the address Slurm itself
     uses), ``ctl`` -> ctl; an address that is no host name or IP address is left out."""
-    from .slurm.records import slurmctld_hosts
+    from slurm_ft.slurm.records import slurmctld_hosts
     return [(addr, port) for _, addr in slurmctld_hosts(conf) if HOST_RE.fullmatch(addr)]
 
 
@@ -48,8 +48,8 @@ def endpoints(cfg, slurm=None, timeout_s: float | None = None) -> list[tuple[str
             return parse_endpoints(cfg.history.endpoint, cfg.history.port)
         except ValueError as exc:
             raise ServiceError(f"[history] endpoint: {exc}") from None
-    from .config import trusted_bin_dir
-    from .slurm import Slurm
+    from slurm_ft.config import trusted_bin_dir
+    from slurm_ft.slurm import Slurm
 
     try:
         slurm = slurm or Slurm(bin_dir=trusted_bin_dir(cfg), timeout_s=cfg.slurm.command_timeout_s)
@@ -88,8 +88,8 @@ def ask(cfg, sel, *, slurm=None, socket_path: str | None = None) -> Answer:
     """Send selection ``sel`` (:class:`slurm_ft.history.Selection`) to the service and return its
     answer. Raises :class:`ServiceError` (with what to do) when MUNGE cannot make a credential,
     no controller answers, or the service refuses the query."""
-    from . import munge
-    from .history_protocol import MAX_REQUEST, MAX_RESPONSE, encode_query
+    from slurm_ft import munge
+    from slurm_ft.history_protocol import MAX_REQUEST, MAX_RESPONSE, encode_query
 
     payload = encode_query(sel)
     targets = endpoints(cfg, slurm)   # first: "no controller" is the clearer error when both fail
@@ -138,8 +138,8 @@ def _decode(raw: bytes, where: str, request: bytes, verify) -> Answer:
     """The answer in ``raw`` (proof line, JSON) to ``request``; ``verify``: credential text ->
     :class:`slurm_ft.munge.Credential`. Raises :class:`ServiceError` for a refusal and for any
     answer whose proof is not a credential of root binding this request to this JSON."""
-    from . import munge
-    from .history_protocol import MAX_RESPONSE, proof_payload
+    from slurm_ft import munge
+    from slurm_ft.history_protocol import MAX_RESPONSE, proof_payload
 
     if len(raw) > MAX_RESPONSE + 4096:
         raise ServiceError(f"the history service at {where} sent more than {MAX_RESPONSE} bytes")
@@ -183,7 +183,7 @@ def select(cfg, sel, *, slurm=None) -> tuple[list, SlurmFTError | None, int, dic
     Raises :class:`ServiceError`."""
     import click
 
-    from .textsafe import terminal_safe
+    from slurm_ft.textsafe import terminal_safe
 
     answer = ask(cfg, sel, slurm=slurm)
     for w in answer.warnings:

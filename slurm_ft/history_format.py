@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .textsafe import terminal_safe
+from slurm_ft.textsafe import terminal_safe
 
 
 @dataclass(frozen=True)
@@ -398,7 +398,7 @@ def stack_lines(a: dict) -> list[str]:
     first:`` then ``  <module> (train.py:29)``, one terminal-safe line each, at most
     :data:`STACK_NODES` nodes x :data:`STACK_PROCS` processes x :data:`STACK_FRAMES` frames.
     [] for an attempt without one. The row is journal text: read defensively, shown escaped."""
-    from .hang.report import ACTION, read_detail
+    from slurm_ft.hang.report import ACTION, read_detail
 
     newest: dict[str, dict] = {}
     for x in a.get("actions") or []:

@@ -47,11 +47,11 @@ import os
 import threading
 import time
 
-from . import history as hist
-from . import history_format as fmt
-from .failover import policy
-from .history import render_key, row_key
-from .journal.migrations import MEMO_TABLE as TABLE
+from slurm_ft import history as hist
+from slurm_ft import history_format as fmt
+from slurm_ft.failover import policy
+from slurm_ft.history import render_key, row_key
+from slurm_ft.journal.migrations import MEMO_TABLE as TABLE
 
 #: Days back (by the job record's last update) the memo holds whole rows (every default output).
 MEMO_DAYS = 62
@@ -86,7 +86,7 @@ def render(journal, keys, now: float) -> list[tuple]:
     """(key, memo key, t0, t1, list text, chain text) for each finished record of ``keys``, by
     ``ft-history``'s own code (records whose ft state is not final are left out); a record last
     updated before :data:`MEMO_DAYS` is its job row alone (:func:`slurm_ft.history.row_key`)."""
-    from .journal import identity
+    from slurm_ft.journal import identity
 
     keys = sorted({int(k) for k in keys})
     cols, found = hist._read(journal.db.conn, "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM "
@@ -164,7 +164,7 @@ class Filler:
         return self
 
     def run(self) -> None:
-        from .journal import open_journal
+        from slurm_ft.journal import open_journal
 
         while not self.stop.is_set():
             try:

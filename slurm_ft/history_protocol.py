@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .errors import SlurmFTError
+from slurm_ft.errors import SlurmFTError
 
 SERVICE = "slurm-ft-history"
 VERSION = 1

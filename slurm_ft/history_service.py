@@ -76,10 +76,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from . import munge
-from .errors import SlurmFTError
-from .hang import report as hang_report
-from .history_protocol import (MAX_ITEMS, MAX_QUERY, MAX_REQUEST, MAX_RESPONSE, SERVICE, VERSION, BadRequest,
+from slurm_ft import munge
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.hang import report as hang_report
+from slurm_ft.history_protocol import (MAX_ITEMS, MAX_QUERY, MAX_REQUEST, MAX_RESPONSE, SERVICE, VERSION, BadRequest,
                                proof_payload)
 
 log = logging.getLogger("slurm_ft.history_service")
@@ -136,8 +136,8 @@ def parse_query(payload: bytes):
     """A :class:`slurm_ft.history.Selection` from a credential's payload. Raises
     :class:`BadRequest` naming what is wrong, for anything but a well-formed query of this
     service's version (whatever ``payload`` holds)."""
-    from .history import Selection, parse_job_ids, parse_states
-    from .history_format import user_name
+    from slurm_ft.history import Selection, parse_job_ids, parse_states
+    from slurm_ft.history_format import user_name
 
     if len(payload) > MAX_QUERY:
         raise BadRequest(f"the query is larger than {MAX_QUERY} bytes")
@@ -192,7 +192,7 @@ def parse_query(payload: bytes):
         extra["accounts"] = frozenset(a.lower() for a in accounts)
     pieces = _strings(q, "nodes", optional=True)
     if pieces is not None:
-        from .history import MAX_NODES, parse_nodelist
+        from slurm_ft.history import MAX_NODES, parse_nodelist
 
         names: set[str] = set()
         for piece in pieces:
@@ -235,7 +235,7 @@ class SlurmAccess:
             return self._value
 
     def _read(self) -> Access:
-        from .slurm import Slurm, private_data
+        from slurm_ft.slurm import Slurm, private_data
         try:
             conf = (self._slurm or Slurm.from_config(self.cfg)).show_config()
         except SlurmFTError as exc:
@@ -261,7 +261,7 @@ def viewer_for(uid: int, access: Access):
 
 @functools.lru_cache(maxsize=1)
 def _viewer_class():
-    from .history import Viewer
+    from slurm_ft.history import Viewer
 
     class UidViewer(Viewer):
         def may_see(self, job) -> bool:
@@ -302,7 +302,7 @@ class HistoryService:
         self._local = threading.local()
 
     def _journal(self):
-        from .journal import open_journal
+        from slurm_ft.journal import open_journal
 
         j = getattr(self._local, "journal", None)
         if j is None:
@@ -371,7 +371,7 @@ class HistoryService:
         if attempt is None:
             raise NotYet(f"hang report for job {r.job_id}: attempt {r.attempt} not in the journal")
         if attempt.get("nodes"):
-            from .history import parse_nodelist
+            from slurm_ft.history import parse_nodelist
             try:
                 nodes = parse_nodelist(attempt["nodes"])
             except ValueError:
@@ -383,7 +383,7 @@ class HistoryService:
                if a["action"] == hang_report.ACTION) >= hang_report.MAX_PER_ATTEMPT:
             raise BadRequest(f"hang report for job {r.job_id} attempt {r.attempt}: "
                              f"{hang_report.MAX_PER_ATTEMPT} reports already stored")
-        from .journal import open_journal
+        from slurm_ft.journal import open_journal
         with open_journal(self.journal_path, read_group=self.cfg.journal.read_group,
                           busy_timeout_s=REPORT_BUSY_S) as writer:
             writer.record(r.job_id, r.attempt, hang_report.ACTION, r.node, hang_report.stored_detail(r))
@@ -413,7 +413,7 @@ class HistoryService:
         return cred
 
     def _answer(self, sel, viewer) -> bytes:
-        from .history import _not_in_journal, select
+        from slurm_ft.history import _not_in_journal, select
 
         now = self.clock()
         journal = self._journal()
@@ -421,15 +421,15 @@ class HistoryService:
         error = str(_not_in_journal(journal, missing, viewer)) if missing else None
         extra = {}
         if getattr(sel, "nodes", None) is not None:     # -N: each node's drains and repairs, as the viewer may see them
-            from .history import node_steps
+            from slurm_ft.history import node_steps
             extra["nodes"] = node_steps(journal, sel.nodes, sel.start, now if sel.end is None else sel.end, viewer)
         return _reply(ok=True, user=viewer.user, jobs=found, error=error, warnings=self._warnings(now), **extra)
 
     def _warnings(self, now: float) -> list[str]:
         """What ``ft-history`` on the controller would warn about: a daemon whose cycles stopped
         (this service may outlive a stuck loop), rows waiting to be written."""
-        from . import daemonlock
-        from .journal import trouble
+        from slurm_ft import daemonlock
+        from slurm_ft.journal import trouble
 
         out = []
         state, age = daemonlock.staleness(self.journal_path, self.cfg.failover.poll_interval_s, now)
@@ -642,8 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m slurm_ft.history_service [--config PATH] [--parent-pid PID]`` (root, the
     controller; normally started by the daemon). Exit 0 when stopped (SIGTERM, or PID gone),
     1 when it cannot start (the port taken, a bad config: said on stderr)."""
-    from . import config as config_mod
-    from . import logfmt
+    from slurm_ft import config as config_mod
+    from slurm_ft import logfmt
 
     ap = argparse.ArgumentParser(prog="slurm_ft.history_service", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config")
@@ -666,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("history service listening on %s:%s (journal %s)", *server.address, cfg.journal.path)
-    from .history_memo import Filler     # ft-history's text of finished jobs, rendered ahead
+    from slurm_ft.history_memo import Filler     # ft-history's text of finished jobs, rendered ahead
     Filler(cfg.journal.path, stop, log, cfg.journal.read_group).start()
     server.serve_forever(lambda: not stop.is_set() and (not args.parent_pid or os.getppid() == args.parent_pid))
     server.stop()

@@ -12,7 +12,7 @@ import re
 
 from ClusterShell.RangeSet import RangeSet, RangeSetException
 
-from .errors import HostlistError
+from slurm_ft.errors import HostlistError
 
 #: Characters ClusterShell gives a meaning (set operations, whitespace) that a Slurm list never holds.
 NOT_HOSTLIST = re.compile(r"[!&^\s]")

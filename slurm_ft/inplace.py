@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from .errors import SlurmFTError
-from .failover.policy import INPLACE_PREFIX
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.failover.policy import INPLACE_PREFIX
 
 PREFIX = INPLACE_PREFIX
 #: Bytes of the step's output kept for the classifier (the end of it).
@@ -146,7 +146,7 @@ class CommentReporter:
     user may); a refusal is printed, never raised: restarts must not depend on it."""
 
     def __init__(self, job_id: int, slurm=None):
-        from .slurm import Slurm
+        from slurm_ft.slurm import Slurm
         self.job_id = job_id
         self.slurm = slurm or Slurm(timeout_s=20.0)
 
@@ -221,8 +221,8 @@ class Judgement:
 def hang_posted(cfg, slurm, env, since_wall: float) -> str | None:
     """The node that posted a ``hang`` verdict for this job attempt after ``since_wall`` (the
     hang watcher, through the node's mailbox field), or None."""
-    from .failover import mailbox
-    from .slurm import split_nodes
+    from slurm_ft.failover import mailbox
+    from slurm_ft.slurm import split_nodes
     try:
         job_id, attempt = int(env["SLURM_JOB_ID"]), int(env.get("SLURM_RESTART_COUNT") or 0)
         mine = set(split_nodes(env.get("SLURM_JOB_NODELIST", "")))
@@ -243,15 +243,15 @@ def kernel_since(cfg, env, since_mono: float) -> tuple[list[str], dict | None, f
     """This node's kernel log since the step started, with its GPUs' bus ids for attribution (the
     job's GPUs from ``SLURM_JOB_GPUS``: none set, the job owns no GPU and its bus-id set is empty);
     ([], None, None, why) when the user may not read it."""
-    from .classify.sources import read_kmsg
+    from slurm_ft.classify.sources import read_kmsg
     try:
         lines = read_kmsg(since_mono - 1.0)
     except SlurmFTError as exc:
         return [], None, None, f"kernel log not read ({exc})"
     node_bus = job_bus = None
     try:
-        from . import nvml
-        from .nodejob import parse_gpu_list
+        from slurm_ft import nvml
+        from slurm_ft.nodejob import parse_gpu_list
         mine = parse_gpu_list(env.get("SLURM_JOB_GPUS")) or ()  # none: the job owns no GPU
         node_bus, job_bus = nvml.gpu_map(cfg, env.get("SLURMD_NODENAME", ""), mine)
     except Exception:  # no NVML: Xids are then not attributed to this node's GPUs at all
@@ -263,7 +263,7 @@ def judge(cfg, end: StepEnd, env, slurm=None, read_kernel: bool = True, kernel_u
     """What to do with a failed step (see the module doc). ``read_kernel`` False: the kernel log is
     not read (known unreadable). ``kernel_unavailable(why)``: called when it cannot be read or
     used, instead of adding ``why`` to the judgement (:func:`run` says it once per run)."""
-    from .classify import Evidence, classify, default_policy, from_config
+    from slurm_ft.classify import Evidence, classify, default_policy, from_config
     if slurm is not None:
         node = hang_posted(cfg, slurm, env, end.started_wall)
         if node:
@@ -291,8 +291,8 @@ def run(argv: list[str], restarts: int, *, cfg=None, env=None, delay_s: float = 
         log=None, launcher=launch, sleep=time.sleep) -> int:
     """Run the step; restart it in place on infra/hang up to ``restarts`` times; return the exit
     status the batch script should end with (0, or the last step's)."""
-    from . import config as config_mod
-    from .slurm import Slurm
+    from slurm_ft import config as config_mod
+    from slurm_ft.slurm import Slurm
     env = dict(os.environ if env is None else env)
     log = log or (lambda msg: print(f"slurm-ft run: {msg}", file=sys.stderr, flush=True))
     if cfg is None:
@@ -309,7 +309,7 @@ def run(argv: list[str], restarts: int, *, cfg=None, env=None, delay_s: float = 
         reporter = CommentReporter(int(job_id), slurm)
     attempt = int(env.get("SLURM_RESTART_COUNT") or 0) if (env.get("SLURM_RESTART_COUNT") or "0").isdigit() else 0
     if in_job:
-        from .hang.heartbeat import mark_inplace
+        from slurm_ft.hang.heartbeat import mark_inplace
         mark_inplace(env)      # a hang watcher on this node then ends only the step's tasks
     done = 0
     causes: list[str] = []      # why each restart happened, carried in every record

@@ -45,8 +45,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import assets
-from .errors import SlurmFTError
+from slurm_ft import assets
+from slurm_ft.errors import SlurmFTError
 
 COMPONENTS = ("wrappers", "job_submit", "cli_filter", "spank", "ctld_event", "systemd", "config", "job_client")
 _MARKER = re.compile(r"slurm-ft-install: sha256=([0-9a-f]{64})")
@@ -186,7 +186,7 @@ def slurm_user(conf: dict[str, str]) -> str:
 def read_slurm_conf(prefix: str, slurm_conf_dir: str) -> dict[str, str] | None:
     """The global settings of ``<prefix>/<slurm_conf_dir>/slurm.conf`` (lower-case keys; its
     ``Include`` files are not read), or None when it cannot be read."""
-    from .slurm import parse_slurm_conf
+    from slurm_ft.slurm import parse_slurm_conf
     try:
         return parse_slurm_conf(_target(prefix, f"{slurm_conf_dir}/slurm.conf").read_text(errors="replace"))
     except OSError:
@@ -501,7 +501,7 @@ def uninstall_warnings(outcomes: list[Outcome], *, prefix: str = "/",
 def _plugstack_warnings(path: Path, prefix: str, gone: set[str]) -> list[str]:
     """plugstack.conf lines (and the files they ``include``, below ``prefix``) that load
     ``slurm_ft_spank.so`` or include a removed slurm-ft file by its own name."""
-    from .slurm import plugstack_lines
+    from slurm_ft.slurm import plugstack_lines
 
     def include(pattern: str) -> list[Path]:
         if any(c in pattern for c in "*?["):

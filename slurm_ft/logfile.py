@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import SlurmFTError
+from slurm_ft.errors import SlurmFTError
 
 MAX_BYTES = 20 * 1024 * 1024
 BACKUPS = 5
@@ -63,7 +63,7 @@ def attach(path: str, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> 
     """Send the root logger to ``path`` instead of stderr, in the format :func:`slurm_ft.logfmt.setup`
     chose (call that first). Raises :class:`LogFileError` for an untrusted directory or a file
     :func:`open_log` refuses."""
-    from .install import untrusted
+    from slurm_ft.install import untrusted
     target = Path(os.path.abspath(path))
     bad = untrusted(target.parent)
     if bad:

@@ -55,8 +55,8 @@ from collections import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import daemonlock
-from .errors import SlurmFTError
+from slurm_ft import daemonlock
+from slurm_ft.errors import SlurmFTError
 
 log = logging.getLogger("slurm_ft.metrics")
 #: Upper bounds (seconds) of the time-to-recover histogram: the lab recovers in 0.3-1.2 s (a
@@ -185,7 +185,7 @@ class JournalCollector(Collector):
     def expensive(self) -> dict:
         """The journal counts (None: unreadable) and ``sinfo``'s nodes (a SlurmFTError when it
         failed; None when not asked): what the cache keeps."""
-        from .journal import open_daemon_journal
+        from slurm_ft.journal import open_daemon_journal
         cfg = self.cfg
         try:
             with open_daemon_journal(cfg, readonly=True) as j:
@@ -222,7 +222,7 @@ class JournalCollector(Collector):
         (``kind="ok"``), else 0 with the trouble's kind (``disk_full``, ``read_only``...;
         slurm_ft.journal.trouble); ``slurm_ft_journal_spooled_rows``: rows waiting in its spool.
         One ``statvfs`` per scrape."""
-        from .journal import trouble
+        from slurm_ft.journal import trouble
         t = trouble.check_writable(self.cfg.journal.path)
         ok = GaugeMetricFamily("slurm_ft_journal_ok", "1 while the daemon journal's filesystem takes writes; "
                                "0 with the trouble's kind (disk_full, read_only, io_error)", labels=["kind"])
@@ -232,7 +232,7 @@ class JournalCollector(Collector):
                                 value=trouble.waiting_rows(self.cfg.journal.path))
 
     def _internal_errors(self):
-        from .boundary import read_counts
+        from slurm_ft.boundary import read_counts
         counts = {hook: 0 for hook in HOOKS}
         counts.update(read_counts(self.cfg.node_state.dir))
         return _labelled(CounterMetricFamily, "slurm_ft_internal_errors",
@@ -240,7 +240,7 @@ class JournalCollector(Collector):
                          ["hook"], counts)
 
     def _kernel_log_unavailable(self):
-        from .boundary import KERNEL_LOG_FILE, read_counts
+        from slurm_ft.boundary import KERNEL_LOG_FILE, read_counts
         family = CounterMetricFamily("slurm_ft_kernel_log_unavailable",
                                      "Epilogs on this host that could not read the kernel log (GPU faults found "
                                      "only by the trusted checks)")
@@ -290,7 +290,7 @@ class JournalCollector(Collector):
         yield up
 
     def _node_metrics(self, nodes):
-        from .report.collect import CATEGORIES, reason_category
+        from slurm_ft.report.collect import CATEGORIES, reason_category
         up = GaugeMetricFamily("slurm_ft_slurm_up", "1 when sinfo answered")
         if nodes is None or isinstance(nodes, Exception):
             up.add_metric([], 0)

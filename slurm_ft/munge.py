@@ -20,7 +20,7 @@ import ctypes.util
 import threading
 from dataclasses import dataclass
 
-from .errors import SlurmFTError
+from slurm_ft.errors import SlurmFTError
 
 #: munge.h, ``munge_opt_t``
 OPT_TTL = 4

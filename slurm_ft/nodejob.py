@@ -42,8 +42,9 @@ def parse_gpu_list(value: str | None) -> tuple[int, ...] | None:
     """``SLURM_JOB_GPUS`` ("0,1" or "0-1,3") -> (0, 1, 3); None when unset/empty."""
     if not value:
         return None
-    from .errors import HostlistError
-    from .indices import split_indices  # ClusterShell's RangeSet only: not the Slurm client (issue 24, per-job cost)
+    from slurm_ft.errors import HostlistError
+    from slurm_ft.indices import (  # ClusterShell's RangeSet only: not the Slurm client (issue 24, per-job cost)
+        split_indices)
 
     try:
         return tuple(split_indices(value))

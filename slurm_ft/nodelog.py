@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .textsafe import terminal_safe
+from slurm_ft.textsafe import terminal_safe
 
 
 def log_line(text: object) -> str:
@@ -119,9 +119,9 @@ def start_script(who: str, env: dict[str, str] | None = None):
     """Common start of the prolog and epilog: parse the ``SLURM_*`` environment, load the config,
     open the log. Returns ``(job, cfg, log)``; ``job`` or ``cfg`` is None (and the problem logged)
     when the environment or the config is unusable. Never raises."""
-    from . import config as config_mod
-    from .errors import SlurmFTError
-    from .nodejob import BadEnvironment, NodeJob
+    from slurm_ft import config as config_mod
+    from slurm_ft.errors import SlurmFTError
+    from slurm_ft.nodejob import BadEnvironment, NodeJob
 
     try:
         job = NodeJob.from_env(env)

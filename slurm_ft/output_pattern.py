@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import re
 
-from .errors import SlurmFTError
-from .nodejob import NodeJob
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.nodejob import NodeJob
 
 #: Slurm pads a number in a filename pattern to at most this many digits (sbatch(1): "The
 #: maximal number is 10").
@@ -62,7 +62,7 @@ def with_job_record(cfg, job: NodeJob, log) -> NodeJob:
     ``array_task_id=NO_VAL`` (Slurm's own values)."""
     import dataclasses
 
-    from .slurm import Slurm
+    from slurm_ft.slurm import Slurm
     try:
         info = Slurm.from_config(cfg).job(job.job_id)
     except SlurmFTError as exc:

@@ -20,10 +20,10 @@ it from a crash before the boundary (an import error: Python's 1).
 from __future__ import annotations
 
 
-from .boundary import note, report, root_entry
-from .errors import SlurmFTError
-from .nodejob import NodeJob, write_start_marker
-from .nodelog import start_script
+from slurm_ft.boundary import note, report, root_entry
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.nodejob import NodeJob, write_start_marker
+from slurm_ft.nodelog import start_script
 
 
 @root_entry("prolog")
@@ -120,7 +120,7 @@ def flush_mailbox(cfg, job: NodeJob, log, later: list | None) -> None:
     if not any(os.path.lexists(os.path.join(cfg.node_state.dir, f"{kind}-{job.node}.json"))
                for kind in ("outbox", "posted")):     # mailbox._outbox_path, repost.ledger_path
         return
-    from .failover import mailbox, repost
+    from slurm_ft.failover import mailbox, repost
 
     if not repost.pending(cfg.node_state.dir, job.node):
         return
@@ -141,7 +141,7 @@ def start_hang_watch(cfg, job: NodeJob, env: dict[str, str] | None, log) -> None
     env = dict(os.environ if env is None else env)
     if not env.get("SPANK_FT_HANG_TIMEOUT"):   # the common case: no watcher, no import (issue 24)
         return
-    from .hang.watcher import start, wanted
+    from slurm_ft.hang.watcher import start, wanted
     if not wanted(env):
         return
     try:
@@ -156,8 +156,8 @@ def health_scope(cfg, job: NodeJob, env: dict[str, str] | None, log):
     the job, and the ``[health]`` scope. Raises ConfigError for a bad ``[health]`` table."""
     import os
 
-    from .health.config import from_config
-    from .health.scope import decide, node_facts, scontrol_lookup
+    from slurm_ft.health.config import from_config
+    from slurm_ft.health.scope import decide, node_facts, scontrol_lookup
 
     hcfg = from_config(cfg.health)
     env = os.environ if env is None else env
@@ -176,8 +176,8 @@ def health_gate(cfg, job: NodeJob, log, env: dict[str, str] | None = None, later
 
     ``later``: a list (the prolog run with ``detach``): a pass appends the journaling of its results
     there instead of doing it (see :func:`run`); a fail always journals here, before the drain."""
-    from .health import run_checks, unhealthy
-    from .health.actions import journal_results
+    from slurm_ft.health import run_checks, unhealthy
+    from slurm_ft.health.actions import journal_results
 
     try:
         scope = health_scope(cfg, job, env, log)
@@ -201,9 +201,10 @@ def health_gate(cfg, job: NodeJob, log, env: dict[str, str] | None = None, later
         report("prolog", exc, cfg=cfg, log=log)
     if not failing:
         return 0
-    from .failover import mailbox, policy  # the failing path only: a passing job pays no import (issue 24)
-    from .health.actions import act_on_node
-    from .slurm import Slurm
+    from slurm_ft.failover import (  # the failing path only: a passing job pays no import (issue 24)
+        mailbox, policy)
+    from slurm_ft.health.actions import act_on_node
+    from slurm_ft.slurm import Slurm
 
     slurm = Slurm.from_config(cfg)
     try:
@@ -229,7 +230,7 @@ def health_gate(cfg, job: NodeJob, log, env: dict[str, str] | None = None, later
 def main() -> None:
     """The process entry (``python -m slurm_ft.prolog``; the checkout's wrapper calls it after its
     ``-S`` start): run the prolog with detached journaling and exit (slurm_ft.boundary.exit_process)."""
-    from .boundary import exit_process
+    from slurm_ft.boundary import exit_process
     exit_process(run(detach=True))
 
 

@@ -44,8 +44,8 @@ import socket
 import stat
 import time
 
-from .errors import EvidenceError
-from .textsafe import terminal_safe
+from slurm_ft.errors import EvidenceError
+from slurm_ft.textsafe import terminal_safe
 
 #: Seconds the child may take (walk, checks, read) before it is killed.
 DEFAULT_DEADLINE_S = 2.0

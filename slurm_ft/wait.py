@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import click
 
-from .errors import SlurmCommandError, SlurmFTError
-from .failover import policy
-from .failover.jobspec import ADMIN_LEADER
-from .textsafe import terminal_safe
+from slurm_ft.errors import SlurmCommandError, SlurmFTError
+from slurm_ft.failover import policy
+from slurm_ft.failover.jobspec import ADMIN_LEADER
+from slurm_ft.textsafe import terminal_safe
 
 #: Exit code per final ft state (documented in docs/user-guide.md; 1 and 2 are click's).
 EXIT_CODES = {
@@ -133,7 +133,7 @@ def wait_command(job_id: int, timeout_s: float, poll_s: float, settle_s: float, 
     max-retries-exceeded, 6 timeout, 7 cancelled, 8 internal-error, 9 held, 10 image-pull-failed, 124
     --timeout passed,
     1 error. Prints 'JOBID STATE: why' when it ends."""
-    from .slurm import Slurm
+    from slurm_ft.slurm import Slurm
 
     slurm = Slurm()
     start = time.monotonic()

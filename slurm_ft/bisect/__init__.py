@@ -14,9 +14,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..errors import SlurmFTError
-from .runner import BisectError, Spec, Tickets, check_nodes, drain_reason, journal_rounds, run_round, summary
-from .search import Outcome, Result, Round, Test, bisect
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.bisect.runner import (
+    BisectError, Spec, Tickets, check_nodes, drain_reason, journal_rounds, run_round, summary)
+from slurm_ft.bisect.search import Outcome, Result, Round, Test, bisect
 
 __all__ = ["BisectError", "Outcome", "Result", "Round", "Spec", "Test", "auto_bisect_wanted", "bisect",
            "run_bisect", "spawn"]
@@ -40,7 +41,7 @@ def run_bisect(cfg, slurm, nodes: list[str], spec: Spec, *, confirm: bool = True
     (a failure to open it is reported, not fatal: the rounds are printed anyway).
     ``breaker``: the ``[breaker]`` config when the daemon started the bisect; None for an admin's
     own command (no limit, as ``slurm-ft drain``)."""
-    from ..drain import drain_node
+    from slurm_ft.drain import drain_node
 
     gpus = check_nodes(slurm, nodes)
     if not spec.gpus_per_node and spec.argv is None:
@@ -69,7 +70,7 @@ def run_bisect(cfg, slurm, nodes: list[str], spec: Spec, *, confirm: bool = True
     if journal_job is not None:
         try:
             if journal is None:
-                from ..journal import open_daemon_journal
+                from slurm_ft.journal import open_daemon_journal
                 with open_daemon_journal(cfg) as j:
                     journal_rounds(j, journal_job, attempt, spec, result)
             else:
@@ -83,7 +84,7 @@ def run_bisect(cfg, slurm, nodes: list[str], spec: Spec, *, confirm: bool = True
 def auto_bisect_wanted(cfg, decision, job_nodes: list[str]) -> bool:
     """Whether the daemon should start a bisect for an ended attempt: the site turned it on
     (``[bisect] auto``) and :func:`slurm_ft.failover.policy.bisect_candidate` holds."""
-    from ..failover.policy import bisect_candidate
+    from slurm_ft.failover.policy import bisect_candidate
     return bool(cfg.bisect.auto) and bisect_candidate(decision, job_nodes)
 
 
@@ -93,7 +94,7 @@ def spawn(cfg, job_id: int, attempt: int, nodes: list[str]) -> subprocess.Popen:
     ``/`` with a minimal environment (fixed ``PATH``, ``LC_ALL``, and the daemon's
     ``SLURM_CONF``/``SLURM_FT_CONFIG`` when set): root never runs Python that a working directory
     or a ``PYTHON*`` variable could redirect. Its output goes to the daemon's stderr."""
-    from ..slurm import SAFE_PATH, compress_nodes
+    from slurm_ft.slurm import SAFE_PATH, compress_nodes
     argv = [sys.executable, "-I", "-u", "-m", "slurm_ft.cli", "bisect", "--nodes", compress_nodes(nodes),
             "--job", str(job_id), "--attempt", str(attempt), "--from-daemon"]
     if cfg.source:

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from .. import config as config_mod
-from ..errors import SlurmFTError
+from slurm_ft import config as config_mod
+from slurm_ft.errors import SlurmFTError
 
 
 @click.command("bisect")
@@ -46,10 +46,10 @@ def bisect_command(nodes_expr: str, test: str | None, ntasks_per_node: int, gpus
     naming the test. Prints every round; journals every round (root, controller host). Exit 0: a
     culprit was found, or the test passed on all nodes; 3: no single node explains the failure
     (a combination, or the round limit); 1: error."""
-    from . import Spec, run_bisect
-    from .runner import round_record, summary
-    from ..slurm import Slurm, split_nodes
-    from ..textsafe import terminal_safe
+    from slurm_ft.bisect import Spec, run_bisect
+    from slurm_ft.bisect.runner import round_record, summary
+    from slurm_ft.slurm import Slurm, split_nodes
+    from slurm_ft.textsafe import terminal_safe
 
     try:
         cfg = config_mod.load(config_path)

@@ -29,7 +29,7 @@ import os
 import socket
 import sys
 
-from .meeting import Meeting, MeetingError, Ticket
+from slurm_ft.bisect.meeting import Meeting, MeetingError, Ticket
 
 PORT_BASE, PORT_SPAN, PORT_TRIES = 40000, 20000, 16
 #: Values per GPU vector, and seconds to wait for every rank to join.
@@ -63,7 +63,7 @@ def local_gpus(env) -> list[int]:
 def compute(cfg, node: str, rank: int, gpus: list[int]) -> tuple[dict[int, list[float]], str]:
     """Each GPU's vector, and how it was computed (``fake``, ``cuda``, ``cpu``)."""
     if cfg.nvml.backend == "fake":
-        from ..nvml.inventory import read
+        from slurm_ft.nvml.inventory import read
         inv = {g["index"]: g for g in read(cfg.nvml_inventory_path(node))["gpus"]}
         out = {}
         for g in gpus:
@@ -87,7 +87,7 @@ def compute(cfg, node: str, rank: int, gpus: list[int]) -> tuple[dict[int, list[
 
 def health(cfg, node: str) -> str:
     """'' when every check passes, else ``check: measurement`` of the first failing one."""
-    from ..health import run_checks, unhealthy
+    from slurm_ft.health import run_checks, unhealthy
     bad = unhealthy(run_checks(cfg, node))
     return "" if not bad else f"{bad[0].check}: {bad[0].measurement}"
 
@@ -102,7 +102,7 @@ def node_address(node: str) -> str:
     try:
         return socket.getaddrinfo(node, None, socket.AF_INET)[0][4][0]
     except OSError:
-        from ..slurm import Slurm
+        from slurm_ft.slurm import Slurm
         addr = Slurm().show_node(node).get("NodeAddr", "")
         if not addr:
             raise OSError(f"no address for node {node}") from None
@@ -135,7 +135,7 @@ def main(env=None, stdin=None) -> int:
     """The test on one rank (``env``: the task's environment; ``stdin``: the binary stream the
     runner's ticket arrives on). Exit 0 pass, 1 fail, 2 not run (a line starting with
     :data:`NOT_RUN` says why: no ticket, no meeting)."""
-    from .. import config as config_mod
+    from slurm_ft import config as config_mod
     env = os.environ if env is None else env
     try:
         job, step = int(env["SLURM_JOB_ID"]), int(env.get("SLURM_STEP_ID") or 0)
@@ -145,7 +145,7 @@ def main(env=None, stdin=None) -> int:
     except (KeyError, ValueError) as exc:
         print(f"collective: not run under srun ({exc})", file=sys.stderr)
         return 2
-    from ..slurm import split_nodes
+    from slurm_ft.slurm import split_nodes
     try:
         meeting = Meeting(Ticket.read(stdin if stdin is not None else sys.stdin.buffer), f"{job}.{step}", size)
         meeting.check(node)

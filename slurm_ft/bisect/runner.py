@@ -30,11 +30,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..errors import SlurmCommandError, SlurmFTError
-from ..slurm import compress_nodes
-from .collective import NOT_RUN
-from .meeting import Ticket
-from .search import Outcome, Result, Round, Test
+from slurm_ft.errors import SlurmCommandError, SlurmFTError
+from slurm_ft.slurm import compress_nodes
+from slurm_ft.bisect.collective import NOT_RUN
+from slurm_ft.bisect.meeting import Ticket
+from slurm_ft.bisect.search import Outcome, Result, Round, Test
 
 #: The shipped test: every node's health checks, then an all-reduce across the nodes' GPUs.
 DEFAULT_TEST = "health+collective"
@@ -265,7 +265,7 @@ def journal_rounds(journal, job_id: int, attempt: int, spec: Spec, result: Resul
 def drain_reason(spec: Spec, culprit: str, result: Result) -> str:
     """The drain reason of a bisect's culprit (slurm_ft.drain.reason.bisect_reason), with the last
     round whose failing test held it."""
-    from ..drain.reason import bisect_reason
+    from slurm_ft.drain.reason import bisect_reason
     last = next((r.number for r in reversed(result.rounds)
                  for t, o in zip(r.tests, r.outcomes) if culprit in t.suspects and not o.passed), len(result.rounds))
     return bisect_reason(spec.name, culprit, last, len(result.rounds))

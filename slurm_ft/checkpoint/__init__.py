@@ -4,7 +4,7 @@ re-exported), the ack channel
 through Slurm (channel.py), and the delivery of the signal to a job's processes (deliver.py; the
 daemon sends it: slurm_ft/failover/ckpt_signal.py)."""
 
-from .channel import Ack, Reporter
-from .helper import ExitCheckpoint, exit_checkpoint, heartbeat
+from slurm_ft.checkpoint.channel import Ack, Reporter
+from slurm_ft.checkpoint.helper import ExitCheckpoint, exit_checkpoint, heartbeat
 
 __all__ = ["Ack", "ExitCheckpoint", "Reporter", "exit_checkpoint", "heartbeat"]

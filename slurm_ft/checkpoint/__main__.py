@@ -13,8 +13,8 @@ import pwd
 
 import click
 
-from ..errors import SlurmFTError
-from .channel import STATES, Reporter
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.checkpoint.channel import STATES, Reporter
 
 
 @click.group()
@@ -77,7 +77,7 @@ def notify(port, host, job_id, user, token_file, timeout_s) -> None:
 
     The secret comes from the token file of PORT (or $SLURM_FT_CKPT_TOKEN in a child of the
     training program); it is never taken on the command line."""
-    from .http import notify as do
+    from slurm_ft.checkpoint.http import notify as do
     _call(do, port, host, job_id, user, token_file, timeout_s)
 
 
@@ -85,7 +85,7 @@ def notify(port, host, job_id, user, token_file, timeout_s) -> None:
 @_http_options
 def status(port, host, job_id, user, token_file, timeout_s) -> None:
     """GET /v1/preempt/status with the job's secret: idle, notified, saving, saved or failed (JSON)."""
-    from .http import status as do
+    from slurm_ft.checkpoint.http import status as do
     _call(do, port, host, job_id, user, token_file, timeout_s)
 
 

@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-from ..errors import ConfigError, SlurmFTError
+from slurm_ft.errors import ConfigError, SlurmFTError
 
 ENV_TOKEN = "SLURM_FT_CKPT_TOKEN"
 ENV_RUNTIME_DIR = "SLURM_FT_RUNTIME_DIR"

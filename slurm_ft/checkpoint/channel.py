@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import os
 
-from ..data.client import slurm_ft_job as _job
-from ..data.client.slurm_ft_job import MAX_PATH, PREFIX, STATES, Ack, find, merge  # noqa: F401 (re-exports)
-from ..errors import SlurmFTError
+from slurm_ft.data.client import slurm_ft_job as _job
+from slurm_ft.data.client.slurm_ft_job import (  # noqa: F401 (re-exports)
+    MAX_PATH, PREFIX, STATES, Ack, find, merge)
+from slurm_ft.errors import SlurmFTError
 
 
 class Reporter(_job.Reporter):
@@ -35,7 +36,7 @@ class Reporter(_job.Reporter):
     def __init__(self, job_id: int, attempt: int, slurm=None):
         super().__init__(job_id, attempt)
         if slurm is None:
-            from ..slurm import Slurm
+            from slurm_ft.slurm import Slurm
             slurm = Slurm(timeout_s=20.0)
         self.slurm = slurm
 

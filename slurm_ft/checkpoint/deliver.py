@@ -209,7 +209,7 @@ def job_owner(job) -> tuple[int, int] | None:
     """(uid, gid) to run a step in ``job`` as: its owner's, from its ``squeue --json`` record;
     None when the owner is the caller itself (e.g. root's own job). Raises SlurmFTError when
     the record has no owner."""
-    from ..errors import SlurmFTError
+    from slurm_ft.errors import SlurmFTError
 
     uid, gid = job.raw.get("user_id"), job.raw.get("group_id")
     if not isinstance(uid, int) or not isinstance(gid, int):
@@ -228,8 +228,8 @@ def signal_job(slurm, job, signal_name: str, *, python: str = NODE_PYTHON, timeo
 
     The step runs this file's source with the nodes' system ``python`` (``-I -c``; stdlib only),
     so the job's owner needs no access to slurm-ft's own virtualenv (often root-only)."""
-    from ..errors import SlurmFTError
-    from ..slurm import split_nodes
+    from slurm_ft.errors import SlurmFTError
+    from slurm_ft.slurm import split_nodes
 
     out = Delivery(signal_name)
     nodes = split_nodes(job.nodes)

@@ -26,13 +26,13 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from ..data.client import slurm_ft_job as _job
-from ..data.client.slurm_ft_job import FAILED, IDLE, NOTIFIED, REQUEUE_WAIT_S, SAVED  # noqa: F401
-from ..data.client.slurm_ft_job import SAVING_STATE as SAVING  # noqa: F401
-from ..errors import ConfigError
-from ..failover.jobspec import DEFAULT_CKPT_SIGNAL, parse_signal
-from ..hang.heartbeat import heartbeat  # noqa: F401 (re-export)
-from . import channel
+from slurm_ft.data.client import slurm_ft_job as _job
+from slurm_ft.data.client.slurm_ft_job import FAILED, IDLE, NOTIFIED, REQUEUE_WAIT_S, SAVED  # noqa: F401
+from slurm_ft.data.client.slurm_ft_job import SAVING_STATE as SAVING  # noqa: F401
+from slurm_ft.errors import ConfigError
+from slurm_ft.failover.jobspec import DEFAULT_CKPT_SIGNAL, parse_signal
+from slurm_ft.hang.heartbeat import heartbeat  # noqa: F401 (re-export)
+from slurm_ft.checkpoint import channel
 
 
 class ExitCheckpoint(_job.ExitCheckpoint):
@@ -65,7 +65,7 @@ class ExitCheckpoint(_job.ExitCheckpoint):
         ``SLURM_FT_CKPT_TOKEN`` (children started later inherit it) and written to a 0600 file
         (``self.token_path``) for the job's other processes. Raises :class:`ConfigError` (bad
         port/host/secret, unsafe token directory) or :class:`OSError` (port in use)."""
-        from .http import NotifyServer
+        from slurm_ft.checkpoint.http import NotifyServer
         if self._http is not None:
             raise ConfigError("serve_http: already serving (one server per ExitCheckpoint)")
         self._http = NotifyServer(self, host, port, token=token, env=self._env).start()

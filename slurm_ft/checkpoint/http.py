@@ -34,8 +34,8 @@ import urllib.request
 from collections.abc import Mapping, MutableMapping
 from http import HTTPStatus
 
-from ..errors import ConfigError, SlurmFTError
-from . import auth
+from slurm_ft.errors import ConfigError, SlurmFTError
+from slurm_ft.checkpoint import auth
 
 PORT_RANGE = (9000, 9999)
 NOTIFY, STATUS = "/v1/preempt/notify", "/v1/preempt/status"

@@ -11,10 +11,10 @@ The classes, rules and actions are data (``slurm_ft/data/xid_catalog.csv``, ``si
 See docs/classifier.md.
 """
 
-from .engine import classify
-from .model import ACTIONS, CLASSES, Evidence, PriorCrash, PriorXid, Verdict, XidEvent
-from .parse import normalise_bus_id
-from .policy import Policy, default_policy, from_config
+from slurm_ft.classify.engine import classify
+from slurm_ft.classify.model import ACTIONS, CLASSES, Evidence, PriorCrash, PriorXid, Verdict, XidEvent
+from slurm_ft.classify.parse import normalise_bus_id
+from slurm_ft.classify.policy import Policy, default_policy, from_config
 
 __all__ = [
     "ACTIONS",

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import threading
 
-from . import prefilter
-from .policy import Policy
+from slurm_ft.classify import prefilter
+from slurm_ft.classify.policy import Policy
 
 #: Key every source is searched for as well: the Xid parsers read the lines holding it.
 XID_KEY = b"xid"

@@ -11,15 +11,15 @@ import sys
 
 import click
 
-from ..errors import SlurmFTError
+from slurm_ft.errors import SlurmFTError
 
 #: Most bytes read from FILE/stdin (the newest are kept).
 MAX_INPUT_BYTES = 256 << 20
 
 
 def _policy(config_path: str | None):
-    from .. import config as config_mod
-    from .policy import default_policy, from_config
+    from slurm_ft import config as config_mod
+    from slurm_ft.classify.policy import default_policy, from_config
 
     cfg = config_mod.load(config_path)
     return from_config(cfg.classify) if cfg.classify else default_policy()
@@ -54,7 +54,7 @@ def _slurm_state(value: str | None) -> str | None:
 
 
 def _gpus(value: str | None):
-    from .parse import normalise_bus_id
+    from slurm_ft.classify.parse import normalise_bus_id
 
     if value is None:
         return None
@@ -96,9 +96,9 @@ def classify_command(file: str | None, kernel_path: str | None, output_path: str
     labelled cases instead and prints a confusion matrix, the misses, false_failover and
     missed_hardware. Exit status: 0 done, 1 error, 2 usage error.
     """
-    from .evaluate import evaluate, evidence_from_text, format_report, read_cases
-    from .engine import classify
-    from .model import Evidence
+    from slurm_ft.classify.evaluate import evaluate, evidence_from_text, format_report, read_cases
+    from slurm_ft.classify.engine import classify
+    from slurm_ft.classify.model import Evidence
 
     kinds = any(v is not None for v in (kernel_path, output_path, exit_code, signum, slurm_state, gpus))
     if eval_path and (file or kinds):
@@ -127,7 +127,7 @@ def classify_command(file: str | None, kernel_path: str | None, output_path: str
     if as_json:
         click.echo(json.dumps(verdict.to_dict(), indent=2))
         return
-    from ..textsafe import terminal_safe
+    from slurm_ft.textsafe import terminal_safe
 
     click.echo(f"verdict: {verdict.verdict}")
     click.echo(f"rule: {verdict.rule}")

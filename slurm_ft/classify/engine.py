@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import time
 
-from .model import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_LINES, Evidence, Verdict, XidEvent
-from .parse import find_bus_id, fmt, kernel_header, mask_user_fields, parse_time, parse_xid, record_body
-from . import prefilter as prefilter_mod
-from .consequence import judged_as
-from .policy import Policy, default_policy
-from .recurrence import recurring
+from slurm_ft.classify.model import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_LINES, Evidence, Verdict, XidEvent
+from slurm_ft.classify.parse import (
+    find_bus_id, fmt, kernel_header, mask_user_fields, parse_time, parse_xid, record_body)
+from slurm_ft.classify import prefilter as prefilter_mod
+from slurm_ft.classify.consequence import judged_as
+from slurm_ft.classify.policy import Policy, default_policy
+from slurm_ft.classify.recurrence import recurring
 
 #: Bytes of context kept either side of a key hit when a line is longer (huge lines stay cheap).
 HALF_WINDOW = 2048
@@ -112,7 +113,8 @@ def _candidates(kernel: bytes, output: bytes, policy: Policy) -> tuple[list[int]
     """``(kernel line starts, output line starts)`` grep found (:mod:`.candidates`), or None when
     grep could not answer: the caller then uses the Python scan.  The kernel text is searched in
     :data:`KERNEL_PIECES` pieces cut at line ends (memoryviews: nothing is copied here)."""
-    from .candidates import GrepRun  # local: small inputs (the epilog's) never need threads
+    from slurm_ft.classify.candidates import (  # local: small inputs (the epilog's) never need threads
+        GrepRun)
 
     run = GrepRun(policy)
     run.add("output", output)

@@ -23,10 +23,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import EvidenceError
-from .engine import classify
-from .model import CLASSES, Evidence
-from .policy import Policy
+from slurm_ft.errors import EvidenceError
+from slurm_ft.classify.engine import classify
+from slurm_ft.classify.model import CLASSES, Evidence
+from slurm_ft.classify.policy import Policy
 
 
 def evidence_from_text(text: str, kind: str | None = None) -> Evidence:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import EvidenceError
-from .model import PriorCrash, PriorXid
-from .parse import message_body, normalise_bus_id, parse_xid, record_body
-from .policy import Policy
+from slurm_ft.errors import EvidenceError
+from slurm_ft.classify.model import PriorCrash, PriorXid
+from slurm_ft.classify.parse import message_body, normalise_bus_id, parse_xid, record_body
+from slurm_ft.classify.policy import Policy
 
 #: Most journal verdict rows read back / looked at by the epilog (the query stays bounded).
 MAX_PRIOR_VERDICTS = 1000

@@ -28,7 +28,7 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
-from ..errors import EvidenceError
+from slurm_ft.errors import EvidenceError
 
 _FORMATS = {
     # a bus id with a PCI domain: 0000:3b:00 / 00000000:3B:00.0
@@ -138,7 +138,7 @@ def kernel_header(body: bytes) -> KernelHeader | None:
     driver's own shape, so no process name (at most 15 bytes) the kernel prints before its own
     text can complete one (``tests/test_kernel_records.py`` checks every row).  Rows:
     ``slurm_ft/data/kernel_headers.toml``."""
-    from .table import kernel_headers
+    from slurm_ft.classify.table import kernel_headers
 
     if len(body) < 16:
         return None

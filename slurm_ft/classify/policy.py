@@ -34,11 +34,13 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from ..errors import ConfigError
-from .consequence import ConsequenceRule
-from .model import ACTIONS, CLASSES, DEFAULT_ACTION
-from .recurrence import RecurrenceRule, recurrence_rules
-from .table import _data_text, CountRule, Signature, XidRow, count_rules, signature_from_dict, signatures, xid_catalog
+from slurm_ft.errors import ConfigError
+from slurm_ft.classify.consequence import ConsequenceRule
+from slurm_ft.classify.model import ACTIONS, CLASSES, DEFAULT_ACTION
+from slurm_ft.classify.recurrence import RecurrenceRule, recurrence_rules
+from slurm_ft.classify.table import (
+    _data_text, CountRule, Signature, XidRow, count_rules, signature_from_dict, signatures,
+    xid_catalog)
 
 #: Rank given to an overridden Xid when the admin names none, and to codes missing from the catalog.
 DEFAULT_RANK = {"hardware": 900, "user": 500, "infra": 400, "hang": 350, "unknown": 600}

@@ -24,8 +24,8 @@ import time as _time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..errors import ConfigError
-from .model import ACTIONS, CLASSES, Evidence, PriorCrash
+from slurm_ft.errors import ConfigError
+from slurm_ft.classify.model import ACTIONS, CLASSES, Evidence, PriorCrash
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def recurrence_rules() -> tuple[RecurrenceRule, ...]:
     """The shipped ``[[recurrence]]`` rules of ``classify_policy.toml``."""
     import tomllib
 
-    from .table import _data_text
+    from slurm_ft.classify.table import _data_text
 
     data = tomllib.loads(_data_text("classify_policy.toml"))
     out = tuple(rule_from_dict(rec, f"classify_policy.toml recurrence[{n}]")

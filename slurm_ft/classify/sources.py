@@ -17,8 +17,8 @@ import subprocess
 import time
 from collections import deque
 
-from ..errors import EvidenceError
-from .parse import fmt
+from slurm_ft.errors import EvidenceError
+from slurm_ft.classify.parse import fmt
 
 #: One /dev/kmsg record is at most ~8 KiB (PRINTK_MESSAGE_MAX plus dictionary).
 _KMSG_READ = 16 << 10
@@ -161,7 +161,7 @@ def read_tail_safely(path: str | bytes, *, expected_uid: int | None, max_bytes: 
     refused: no read without the job's uid. Raises :class:`EvidenceError`
     (:class:`slurm_ft.userfile.UserFileError`) with the reason.
     """
-    from ..userfile import read_tail
+    from slurm_ft.userfile import read_tail
 
     if max_bytes <= 0:
         return ""

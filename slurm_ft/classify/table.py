@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..data import data_text as _data_text
-from ..errors import ConfigError
-from .model import ACTIONS, CLASSES
+from slurm_ft.data import data_text as _data_text
+from slurm_ft.errors import ConfigError
+from slurm_ft.classify.model import ACTIONS, CLASSES
 
 #: Repairs a catalog row may call for (``repair`` column, from NVIDIA's immediate-action bucket:
 #: RESET_GPU and the Xid 48 / NVLink workflows -> reset; RESTART_BM/RESTART_VM/XID_154 -> reboot).

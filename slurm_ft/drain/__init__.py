@@ -6,9 +6,10 @@ one way: ``drain`` -> ``breaker`` -> ``reason``."""
 
 from __future__ import annotations
 
-from ..errors import SlurmFTError
-from . import breaker as breaker_mod
-from .reason import LEADER, OBSERVED, SLURM_REASONS, SINFO_REASON_WIDTH, VERIFIED, drain_reason
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.drain import breaker as breaker_mod
+from slurm_ft.drain.reason import (
+    LEADER, OBSERVED, SLURM_REASONS, SINFO_REASON_WIDTH, VERIFIED, drain_reason)
 
 __all__ = ["LEADER", "OBSERVED", "SLURM_REASONS", "SINFO_REASON_WIDTH", "VERIFIED", "drain_node", "drain_reason"]
 

@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .reason import LEADER
+from slurm_ft.drain.reason import LEADER
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ notify was for and which ack is fresh are the state machine's facts (slurm_ft.fa
 
 from __future__ import annotations
 
-from ..checkpoint.deliver import Delivery, signal_job
-from . import policy
+from slurm_ft.checkpoint.deliver import Delivery, signal_job
+from slurm_ft.failover import policy
 
 
 def notify(slurm, journal, job, opts, why: str, purpose: str = policy.NOTIFY_EVACUATION) -> Delivery:

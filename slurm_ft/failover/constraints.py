@@ -46,8 +46,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ..errors import HostlistError
-from ..slurm import compress_nodes, split_nodes
+from slurm_ft.errors import HostlistError
+from slurm_ft.slurm import compress_nodes, split_nodes
 
 HOLD, RELAX = "hold", "relax"
 MODES = (HOLD, RELAX)

@@ -37,18 +37,18 @@ import re
 import signal
 import time
 
-from ..checkpoint import channel
-from ..errors import ConfigError, SlurmCommandError, SlurmFTError
-from ..journal import open_daemon_journal
-from ..slurm import Job, Slurm, split_nodes
-from ..jobinfo import list_jobs
-from ..journal import identity
-from . import machine, mailbox, policy
-from .effects import RESUMED_ACTS, Effects
-from .intent import recover as recover_failover
-from .events import EventSpool
-from .reconcile import Reconciler
-from .options import trusted_options
+from slurm_ft.checkpoint import channel
+from slurm_ft.errors import ConfigError, SlurmCommandError, SlurmFTError
+from slurm_ft.journal import open_daemon_journal
+from slurm_ft.slurm import Job, Slurm, split_nodes
+from slurm_ft.jobinfo import list_jobs
+from slurm_ft.journal import identity
+from slurm_ft.failover import machine, mailbox, policy
+from slurm_ft.failover.effects import RESUMED_ACTS, Effects
+from slurm_ft.failover.intent import recover as recover_failover
+from slurm_ft.failover.events import EventSpool
+from slurm_ft.failover.reconcile import Reconciler
+from slurm_ft.failover.options import trusted_options
 
 log = logging.getLogger("slurm_ft.daemon")
 #: Seconds a daemon journal write may wait for another process's lock before it is spooled.
@@ -87,7 +87,7 @@ class Daemon:
         self.journal = open_daemon_journal(cfg, spool=True, busy_timeout_s=JOURNAL_BUSY_S)
         self.journal.clock = clock
         if cfg.failover.mode == "observe":   # every Slurm write through the gate, journaled (.observe)
-            from .observe import ObservedJournal
+            from slurm_ft.failover.observe import ObservedJournal
 
             self.journal = ObservedJournal(self.journal)
             self.slurm.observe, self.slurm.observer = True, self.journal.observed
@@ -99,7 +99,7 @@ class Daemon:
         self.reconciler = Reconciler(self)                     # journal vs Slurm after a controller restart
         self.remediator = None                                 # [remediate] break-fix (slurm_ft.remediate)
         if getattr(getattr(cfg, "remediate", None), "enabled", False):
-            from ..remediate.actions import Remediator
+            from slurm_ft.remediate.actions import Remediator
 
             self.remediator = Remediator(self)
         self._stop = False
@@ -136,7 +136,7 @@ class Daemon:
 
     # ------------------------------------------------------------------ loop
     def run(self, once: bool = False) -> None:
-        from .. import daemonlock
+        from slurm_ft import daemonlock
 
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         log.info("slurm-ft daemon started (journal %s, events %s)", self.journal.path,
@@ -173,7 +173,7 @@ class Daemon:
         job-end event (slurm_ft.failover.wake: inotify on ``events_dir``; a plain sleep without
         it) or a followed job's next look is due (FOLLOW_*); never less than ``wake.MIN_GAP_S``
         after t0."""
-        from . import wake
+        from slurm_ft.failover import wake
 
         if self._waker is None:
             self._waker = wake.EventWatch(getattr(self.events, "dir", None))
@@ -197,7 +197,7 @@ class Daemon:
     def _leading(self) -> bool:
         """Whether this daemon acts now: its host's slurmctld is in control (slurm_ft.failover.leader;
         always with one controller). A takeover starts from a full scan and the journal."""
-        from . import leader
+        from slurm_ft.failover import leader
 
         if self.leader is None and time.monotonic() >= self._discover_at:
             self.leader = leader.discover(self.slurm)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import logging
 
-from ..drain import OBSERVED, drain_node, drain_reason
-from ..errors import SlurmCommandError
-from ..slurm import Job, split_nodes
-from . import machine as m
-from . import policy, steps
-from .options import admin_comment
-from .verdict import NodeVerdict
+from slurm_ft.drain import OBSERVED, drain_node, drain_reason
+from slurm_ft.errors import SlurmCommandError
+from slurm_ft.slurm import Job, split_nodes
+from slurm_ft.failover import machine as m
+from slurm_ft.failover import policy, steps
+from slurm_ft.failover.options import admin_comment
+from slurm_ft.failover.verdict import NodeVerdict
 
 log = logging.getLogger("slurm_ft.daemon")
 #: Seconds an admin's evacuation request of a running attempt may stay unanswered (the machine
@@ -99,7 +99,7 @@ class Effects:
                             status="done" if a.saved else "failed")
 
     def _Notify(self, job, a: m.Notify, opts) -> None:
-        from .ckpt_signal import notify
+        from slurm_ft.failover.ckpt_signal import notify
 
         delivery = notify(self.slurm, self.journal, job, opts, a.why, purpose=a.purpose)
         log.info("job %s: %s: %s", job.job_id, a.why, delivery.summary())
@@ -121,7 +121,7 @@ class Effects:
         self.journal.record(job.job_id, a.attempt, "ckpt-timeout", job.nodes, a.detail, status="failed")
 
     def _RecordRestarts(self, job, a: m.RecordRestarts, opts) -> None:
-        from ..inplace import record_restarts
+        from slurm_ft.inplace import record_restarts
 
         if record_restarts(self.journal, job):
             log.info("job %s: in-place restarts reported by the job journaled", job.job_id)
@@ -129,7 +129,7 @@ class Effects:
     def _StartBisect(self, job, a: m.StartBisect, opts) -> None:
         """One bisect at a time (each takes the nodes it tests for minutes); a second candidate
         while one runs is journaled as skipped, not queued."""
-        from .. import bisect
+        from slurm_ft import bisect
 
         target = m.hostlist(a.nodes)
         running = self.d.bisect_proc
@@ -165,7 +165,7 @@ class Effects:
         log.info("job %s attempt %s: failover (%s), blaming %s%s", job.job_id, a.attempt, a.reason,
                  m.hostlist(a.blamed) or "no node", f", avoiding {m.hostlist(avoid)}" if avoid else "")
         self.failover(job, a.attempt, a.reason, a.blamed, a.verdicts, aid, avoid)
-        from .owner import tell_failover   # [notify]: mail / webhook to the owner
+        from slurm_ft.failover.owner import tell_failover   # [notify]: mail / webhook to the owner
 
         tell_failover(self, job)
 
@@ -179,7 +179,7 @@ class Effects:
         # only a job Slurm still lets us update (requeued, held) takes the final state in its
         # live record; a finished one takes it in its accounting record (sacct) and its owner
         # reads the give-up line in the job's log (slurm_ft.failover.owner)
-        from .owner import tell_final
+        from slurm_ft.failover.owner import tell_final
 
         tell_final(self, job, a)
         if a.hold:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..drain import LEADER, drain_node
-from ..errors import ConfigError
-from ..jobinfo import list_jobs
-from ..slurm import split_nodes
-from .machine import EVACUATE_REQUEST
-from .options import trusted_options
+from slurm_ft.drain import LEADER, drain_node
+from slurm_ft.errors import ConfigError
+from slurm_ft.jobinfo import list_jobs
+from slurm_ft.slurm import split_nodes
+from slurm_ft.failover.machine import EVACUATE_REQUEST
+from slurm_ft.failover.options import trusted_options
 
 #: Seconds :func:`follow` allows, beyond the longest ``--ft-ckpt-wait`` of the jobs, for the daemon
 #: to see the request (a poll interval), look at the ack (every 2 s) and requeue.

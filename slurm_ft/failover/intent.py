@@ -24,7 +24,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from . import policy
+from slurm_ft.failover import policy
 
 log = logging.getLogger("slurm_ft.daemon")
 #: The leading text of the word (not ``ft:`` nor ``slurm-ft:``: those are the options record).

@@ -27,7 +27,7 @@ import re
 import signal as _signal
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from slurm_ft.errors import ConfigError
 
 #: Signals the plugin accepts for ``--ft-ckpt-signal`` (catchable, not used by Slurm's own job control).
 CKPT_SIGNALS = ("USR1", "USR2", "HUP", "INT", "TERM", "ALRM", "URG", "WINCH")

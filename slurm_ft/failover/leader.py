@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SlurmFTError
-from ..slurm.records import slurmctld_hosts
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.slurm.records import slurmctld_hosts
 
 log = logging.getLogger("slurm_ft.daemon")
 

@@ -34,9 +34,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..slurm.records import Job, compress_nodes, split_nodes
-from . import policy
-from .verdict import NodeVerdict
+from slurm_ft.slurm.records import Job, compress_nodes, split_nodes
+from slurm_ft.failover import policy
+from slurm_ft.failover.verdict import NodeVerdict
 
 #: Why an attempt runs, by the ft state it left (AdminComment of a running or finished job).
 RESTART_WHY = {policy.FAILOVER: "after a failover", policy.REQUEUED: "after a failover",
@@ -487,8 +487,8 @@ def health_drain(node) -> tuple[str, int | None] | None:
     (reason ``slurm-ft: <check>: [GPU<n> ]<measurement>``), else None."""
     import re
 
-    from ..drain.reason import LEADER
-    from ..health.config import CHECK_NAMES
+    from slurm_ft.drain.reason import LEADER
+    from slurm_ft.health.config import CHECK_NAMES
 
     if node is None or not node.drained or not node.reason.startswith(LEADER):
         return None

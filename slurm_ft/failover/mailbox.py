@@ -23,9 +23,9 @@ import os
 import time
 from contextlib import contextmanager
 
-from ..errors import SlurmFTError
-from . import repost
-from .verdict import NodeVerdict, bounded
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.failover import repost
+from slurm_ft.failover.verdict import NodeVerdict, bounded
 
 HEADER = "slurm-ft/1"
 
@@ -127,8 +127,8 @@ def check_node(cfg, node: str, log) -> None:
     also runs on an idle or drained node). Never raises: trouble is logged, tried again next time."""
     if not repost.pending(cfg.node_state.dir, node):
         return
-    from ..errors import SlurmFTError
-    from ..slurm import Slurm
+    from slurm_ft.errors import SlurmFTError
+    from slurm_ft.slurm import Slurm
     try:
         if not flush_outbox(cfg, Slurm.from_config(cfg), node, log=log):
             log("mailbox not checked (Slurm refused); tried again at the next prolog/epilog")

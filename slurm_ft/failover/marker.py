@@ -22,7 +22,7 @@ import json
 import re
 from typing import Iterable, Mapping
 
-from . import policy
+from slurm_ft.failover import policy
 
 #: The most characters of a sentence (the SPANK plugin reads at most 511 of the AdminComment).
 MAX_CHARS = 240
@@ -162,7 +162,7 @@ def utc(epoch: float | None) -> str:
 def _safe_line(text: str, limit: int) -> str:
     """One line of printable ASCII: controls and non-ASCII escaped (``\\x1b``, ``\\u202e``),
     never cut inside an escape's meaning beyond ``limit`` characters (ends in ``...``)."""
-    from ..textsafe import terminal_safe
+    from slurm_ft.textsafe import terminal_safe
 
     out = terminal_safe(" ".join(str(text).split())).encode("ascii", "backslashreplace").decode("ascii")
     return out if len(out) <= limit else out[:limit - 3] + "..."

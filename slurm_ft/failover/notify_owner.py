@@ -48,9 +48,9 @@ def notify(ncfg, slurm, job_id: int, event: str, ft_state: str, text: str) -> No
     (:class:`slurm_ft.config.NotifyConfig`). ``text``: the owner's sentence (already clean)."""
     if ncfg is None or not (ncfg.mail or ncfg.webhook) or getattr(slurm, "observe", False):
         return
-    from ..errors import SlurmCommandError
-    from ..jobinfo import split_record
-    from .marker import clean
+    from slurm_ft.errors import SlurmCommandError
+    from slurm_ft.jobinfo import split_record
+    from slurm_ft.failover.marker import clean
 
     try:
         proc = slurm.run("scontrol", "show", "job", str(job_id), check=False)

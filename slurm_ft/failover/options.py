@@ -17,8 +17,8 @@ The live comment is never read again for a job already on record: an owner's
 
 from __future__ import annotations
 
-from . import jobspec, policy
-from .jobspec import FtOptions
+from slurm_ft.failover import jobspec, policy
+from slurm_ft.failover.jobspec import FtOptions
 
 
 def trusted_options(job, journal, failover_cfg) -> FtOptions:
@@ -50,13 +50,14 @@ def admin_comment(journal, job_id: int, state_text: str, sentence: str | None = 
     AdminComment, keeping the options record next to the state users see in ``scontrol show
     job``. ``sentence``: what the owner reads (:mod:`.marker`); default: the sentence of the
     attempt slurm-ft's last requeue started (none before the first requeue)."""
-    from .marker import journal_sentence
+    from slurm_ft.failover.marker import journal_sentence
 
     row = journal.job(job_id)
     token = row.get("ft_options") if row else None
     if sentence is None:
         sentence = journal_sentence(journal, job_id)
-    from .intent import word     # the durable failover record, last (slurm_ft.failover.intent)
+    from slurm_ft.failover.intent import (  # the durable failover record, last (slurm_ft.failover.intent)
+        word)
 
     fo = word(journal.actions(job_id))
     return f"{jobspec.ADMIN_LEADER}{state_text}" + (f" {sentence}" if sentence else "") \

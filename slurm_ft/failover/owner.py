@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import SlurmCommandError
-from . import policy
-from .marker import FIX, give_up_sentence
-from .notify_owner import notify
-from .options import admin_comment
+from slurm_ft.errors import SlurmCommandError
+from slurm_ft.failover import policy
+from slurm_ft.failover.marker import FIX, give_up_sentence
+from slurm_ft.failover.notify_owner import notify
+from slurm_ft.failover.options import admin_comment
 
 log = logging.getLogger("slurm_ft.daemon")
 #: Seconds sacctmgr may take (it talks to slurmdbd).
@@ -49,7 +49,7 @@ def tell_final(fx, job, a) -> None:
 
 def tell_failover(fx, job) -> None:
     """A failover of ``job`` was carried out: mail/webhook (``[notify]``) with its sentence."""
-    from .marker import journal_sentence
+    from slurm_ft.failover.marker import journal_sentence
 
     ncfg = getattr(fx.d.cfg, "notify", None)
     if ncfg is not None and (ncfg.mail or ncfg.webhook):
@@ -72,7 +72,7 @@ def job_outputs(slurm, job_id: int) -> tuple[int | None, int | None, list[str]]:
     """(uid, gid, paths) of ``job_id``'s output: its StdOut, and its StdErr when that is another
     file, as ``scontrol show job`` shows them (Slurm expands the filename patterns); absolute
     paths only. (None, None, []) when Slurm cannot tell. Never raises."""
-    from ..jobinfo import split_record
+    from slurm_ft.jobinfo import split_record
 
     try:
         proc = slurm.run("scontrol", "show", "job", str(job_id), check=False)
@@ -86,7 +86,7 @@ def job_outputs(slurm, job_id: int) -> tuple[int | None, int | None, list[str]]:
 
 def _give_up_line(slurm, job_id: int, sentence: str) -> None:
     """Append ``slurm-ft: <sentence>`` to the job's StdOut (and StdErr when it is another file)."""
-    from ..userfile import UserFileError, append_line
+    from slurm_ft.userfile import UserFileError, append_line
 
     uid, gid, paths = job_outputs(slurm, job_id)
     for path in paths:

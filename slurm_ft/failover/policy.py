@@ -257,7 +257,7 @@ def avoided_by(verdicts) -> tuple[str, ...]:
     uids), so no job can name a node to avoid by its own output. Only this job's
     ``ExcNodeList`` is touched: the node is neither drained nor blamed, and a job that cannot run
     without it keeps it (slurm_ft.failover.steps.exclude_and_boost)."""
-    from ..classify.recurrence import rule_ids   # on a failover only
+    from slurm_ft.classify.recurrence import rule_ids   # on a failover only
 
     wanted = {f"{UNVERIFIED_RULE}{rid}" for rid in rule_ids()}
     return tuple(sorted({v["node"] for v in verdicts if v.get("node") and str(v.get("rule") or "") in wanted}))

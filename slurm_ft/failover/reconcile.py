@@ -50,12 +50,12 @@ import logging
 import time
 from typing import Mapping
 
-from ..drain import LEADER, OBSERVED, SLURM_REASONS, drain_node, drain_reason
-from ..errors import SlurmFTError
-from ..journal import identity
-from ..slurm import Job, split_nodes
-from . import machine as m
-from . import policy
+from slurm_ft.drain import LEADER, OBSERVED, SLURM_REASONS, drain_node, drain_reason
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.journal import identity
+from slurm_ft.slurm import Job, split_nodes
+from slurm_ft.failover import machine as m
+from slurm_ft.failover import policy
 
 log = logging.getLogger("slurm_ft.daemon")
 

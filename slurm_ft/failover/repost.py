@@ -127,7 +127,7 @@ def plan(ledger: dict, current: list, keep: int, now: float, node: str = ""):
     :func:`slurm_ft.failover.verdict.bounded`) keeps; ``ledger'``: without the records confirmed
     (in the field, posted :data:`CONFIRM_S` ago), pushed out by newer records, too old, or
     re-posted :data:`MAX_REPOSTS` times; a re-posted record's clock starts again. Pure."""
-    from .verdict import NodeVerdict, bounded
+    from slurm_ft.failover.verdict import NodeVerdict, bounded
 
     present = {r.encode() for r in current}
     entries, lost = [], []
@@ -155,8 +155,8 @@ def plan(ledger: dict, current: list, keep: int, now: float, node: str = ""):
 def journal_reposts(cfg, node: str, records, log=None) -> None:
     """One ``repost`` action per re-posted record in ``node``'s journal (``JOB.ATTEMPT``'s row).
     Never raises: a journal that cannot take it is logged (the re-post itself is done)."""
-    from ..errors import SlurmFTError
-    from ..journal import open_node_journal
+    from slurm_ft.errors import SlurmFTError
+    from slurm_ft.journal import open_node_journal
 
     try:
         with open_node_journal(cfg, node, spool=True, busy_timeout_s=1.0) as journal:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from ..errors import SlurmCommandError
-from ..slurm import Job, compress_nodes, split_nodes
-from . import policy
-from .options import admin_comment
+from slurm_ft.errors import SlurmCommandError
+from slurm_ft.slurm import Job, compress_nodes, split_nodes
+from slurm_ft.failover import policy
+from slurm_ft.failover.options import admin_comment
 
 #: Highest priority ``scontrol update Priority=`` takes (priority is a uint32; 0xFFFFFFFF = infinite).
 MAX_PRIORITY = 4294967293
@@ -103,7 +103,7 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
     blamed_before = [a["target"] for a in journal.actions(job_id) if a["action"] == "drain" and a["target"]]
     excluded = sorted(set(split_nodes(fresh.excluded_nodes)) | set(blamed_before) | set(blamed))
     if set(avoid) - set(excluded):
-        from . import constraints
+        from slurm_ft.failover import constraints
         wider = sorted(set(excluded) | set(avoid))
         # a reservation is not read for a suspect: a job in one keeps its nodes
         if not (fresh.raw or {}).get("resv_name") and constraints.check(fresh, nodes, wider).runnable:
@@ -142,8 +142,8 @@ def feasibility(slurm, journal, fresh: Job, attempt: int, excluded: list[str], b
     :class:`~slurm_ft.failover.constraints.Feasibility` that remains (runnable after a relax)."""
     import logging
 
-    from ..slurm import parse_kv_line
-    from . import constraints
+    from slurm_ft.slurm import parse_kv_line
+    from slurm_ft.failover import constraints
 
     log = logging.getLogger(__name__)
     job_id = fresh.job_id

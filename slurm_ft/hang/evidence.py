@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from ..slurm import SAFE_PATH
+from slurm_ft.slurm import SAFE_PATH
 
 #: Characters of one rank's stack dump kept in the evidence.
 DUMP_CHARS = 4000
@@ -30,8 +30,8 @@ def open_as_user(path: str | bytes, uid: int, gid: int, deadline_s: float = 2.0)
     (:func:`slurm_ft.userfile.open_path`), or None when it is not a regular file of that user,
     that user may not reach it, or the child did not answer within ``deadline_s`` seconds. Root
     only ever ``fstat()`` s it (the output's growth)."""
-    from ..userfile import open_path
-    from ..errors import SlurmFTError
+    from slurm_ft.userfile import open_path
+    from slurm_ft.errors import SlurmFTError
     try:
         return open_path(path, uid, gid, deadline_s)
     except SlurmFTError:
@@ -43,7 +43,7 @@ def gpu_utilisation(cfg, node: str, gpus: tuple[int, ...] | None) -> dict[int, i
     """Percent utilisation (NVML ``nvmlDeviceGetUtilizationRates().gpu``, averaged by the driver
     over its last sample period, 1/6 s to 1 s) of the job's GPUs on ``node`` (all GPUs when
     ``gpus`` is None); {} when NVML cannot tell."""
-    from .. import nvml
+    from slurm_ft import nvml
     try:
         nv = nvml.load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.backend == "fake" else None)
         nv.nvmlInit()
@@ -109,10 +109,10 @@ def kernel_verdict(cfg, node: str, gpus: tuple[int, ...] | None, since_mono: flo
     ``SLURM_JOB_GPUS``; None, a job without GPUs, owns none, so no GPU record is its evidence),
     or None when the log cannot be read. A hang caused by a GPU that fell off the bus is that
     hardware fault."""
-    from .. import nvml
-    from ..classify import Evidence, classify, default_policy, from_config
-    from ..classify.sources import read_kmsg
-    from ..errors import SlurmFTError
+    from slurm_ft import nvml
+    from slurm_ft.classify import Evidence, classify, default_policy, from_config
+    from slurm_ft.classify.sources import read_kmsg
+    from slurm_ft.errors import SlurmFTError
     try:
         lines = read_kmsg(since_mono)
     except SlurmFTError:

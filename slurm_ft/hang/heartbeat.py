@@ -33,8 +33,9 @@ import re
 import stat
 from dataclasses import dataclass
 
-from ..data.client.slurm_ft_job import FORMAT as _FMT, INPLACE_MARK, MAGIC, RUNNING, SAVING, SIZE
-from ..data.client.slurm_ft_job import RETRY_S, Writer, heartbeat, heartbeat_dir, mark_inplace  # noqa: F401
+from slurm_ft.data.client.slurm_ft_job import FORMAT as _FMT, INPLACE_MARK, MAGIC, RUNNING, SAVING, SIZE
+from slurm_ft.data.client.slurm_ft_job import (  # noqa: F401
+    RETRY_S, Writer, heartbeat, heartbeat_dir, mark_inplace)
 
 MAX_SIZE = 4096
 #: Files the watcher reads per look (a job making thousands of files only hides its own hang).

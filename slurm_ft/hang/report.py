@@ -72,8 +72,8 @@ class Report:
 
 
 def _limits() -> tuple[int, int, int]:
-    from ..failover.marker import FRAME_CHARS, HANG_FRAMES
-    from .evidence import MAX_DUMPS
+    from slurm_ft.failover.marker import FRAME_CHARS, HANG_FRAMES
+    from slurm_ft.hang.evidence import MAX_DUMPS
     return MAX_DUMPS, HANG_FRAMES, FRAME_CHARS
 
 
@@ -83,7 +83,7 @@ def encode_report(job_id: int, attempt: int, node: str, dumps, beat_at: float | 
     """The payload for the watcher's ``dumps`` ((pid, process name, py-spy dump) per process):
     each process's top frames (:func:`slurm_ft.failover.marker.top_frames`, already one
     printable-ASCII line each). None when no process has a frame (nothing private to send)."""
-    from ..failover.marker import _safe_line, top_frames
+    from slurm_ft.failover.marker import _safe_line, top_frames
     max_dumps, _, _ = _limits()
     frames = [[int(pid), _safe_line(comm, 32) or "?", top_frames(dump)] for pid, comm, dump in list(dumps)[:max_dumps]]
     if not any(f for _, _, f in frames):
@@ -170,7 +170,7 @@ def stored_detail(r: Report) -> str:
     "beat": ...}`` with every name and frame made one printable-ASCII line again
     (:func:`slurm_ft.failover.marker._safe_line`), at most :data:`MAX_DETAIL` characters (whole
     processes are left out from the end to fit: the JSON is never cut)."""
-    from ..failover.marker import _safe_line
+    from slurm_ft.failover.marker import _safe_line
     _, _, frame_chars = _limits()
     frames = [[pid, _safe_line(comm, 32), [_safe_line(f, frame_chars) for f in fs]] for pid, comm, fs in r.frames]
     beat = None if r.beat_at is None else {"at": r.beat_at, "step": r.beat_step}
@@ -235,9 +235,9 @@ def _answer(raw: bytes) -> tuple[bool, str, bool]:
 
 
 def _send(cfg, slurm, payload: bytes, deadline: float, encode, log) -> bool:
-    from .. import munge
-    from ..errors import SlurmFTError
-    from ..history_client import endpoints
+    from slurm_ft import munge
+    from slurm_ft.errors import SlurmFTError
+    from slurm_ft.history_client import endpoints
     try:
         targets = endpoints(cfg, slurm, deadline - time.monotonic())
     except SlurmFTError as exc:

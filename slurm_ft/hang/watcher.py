@@ -52,9 +52,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..boundary import note, root_entry
-from ..errors import ConfigError, SlurmFTError
-from . import heartbeat as hb
+from slurm_ft.boundary import note, root_entry
+from slurm_ft.errors import ConfigError, SlurmFTError
+from slurm_ft.hang import heartbeat as hb
 
 RULE = "no-progress"
 
@@ -147,7 +147,7 @@ class Watch:
 def window_of(slurm, job_id: int) -> tuple[float | None, int | None, int | None, str]:
     """(hang timeout s or None, uid, gid, why) from the job's admin_comment record (fixed at
     submit, docs/ft-token.md); None when the job has none or Slurm cannot tell."""
-    from ..failover.jobspec import from_admin_comment
+    from slurm_ft.failover.jobspec import from_admin_comment
     try:
         job = slurm.job(job_id)
     except SlurmFTError as exc:
@@ -203,12 +203,12 @@ class Watcher:
     def _open_output(self) -> None:
         if not self.w.stdout or self.out_fd is not None or self._output_tries >= self.OUTPUT_TRIES:
             return
-        from .evidence import open_as_user
+        from slurm_ft.hang.evidence import open_as_user
         self._output_tries += 1
         self.out_fd = open_as_user(self.w.stdout, self.w.uid, self.w.gid)
 
     def sample(self) -> Sample:
-        from .evidence import gpu_utilisation
+        from slurm_ft.hang.evidence import gpu_utilisation
         self._open_output()
         beats = {}
         if self.dir_fd is not None:
@@ -236,7 +236,7 @@ class Watcher:
             return True         # Slurm busy or restarting: keep watching
         if job is None:
             return False
-        from ..slurm import split_nodes
+        from slurm_ft.slurm import split_nodes
         try:
             nodes = split_nodes(job.nodes)
         except SlurmFTError:
@@ -267,8 +267,8 @@ class Watcher:
         """The verdict's evidence lines (node journal); also keeps ``self.dumps`` ((pid, name,
         dump) per process) and ``self.beat_at`` (the last heartbeat, epoch s) for the owner's
         block and the mailbox summary."""
-        from ..failover.marker import utc
-        from .evidence import MAX_DUMPS, find_py_spy, stack_dump
+        from slurm_ft.failover.marker import utc
+        from slurm_ft.hang.evidence import MAX_DUMPS, find_py_spy, stack_dump
         p, w = self.progress, self.w
         lines = [f"hang watcher on {w.node}: no progress for {p.quiet_s(now):.0f} s (window {w.window_s:.0f} s, "
                  f"after a grace of {self.cfg.hang.grace_s:.0f} s; looked every {self.cfg.hang.poll_s:g} s)"]
@@ -291,7 +291,7 @@ class Watcher:
                 beat_pids |= {b.pid for b in hb.read_dir(self.dir_fd, w.uid).values()}
             except OSError:
                 pass
-        from .procs import roots
+        from slurm_ft.hang.procs import roots
         mine = {q.pid: q for q in procs}
         ranks = [mine[pid] for pid in sorted(beat_pids) if pid in mine] or \
             [q for q in roots(procs) if q.comm.startswith("python")] or roots(procs)
@@ -307,11 +307,11 @@ class Watcher:
         return lines
 
     def _util(self) -> dict[int, int]:
-        from .evidence import gpu_utilisation
+        from slurm_ft.hang.evidence import gpu_utilisation
         return gpu_utilisation(self.cfg, self.w.node, self.w.gpus)
 
     def on_hang(self, now: float) -> None:
-        from .procs import pin, scan
+        from slurm_ft.hang.procs import pin, scan
         w = self.w
         procs = scan(w.job_id, conf=w.conf, node=w.node, uid=w.uid)
         # pinned now: the evidence below (stack dumps, Slurm, the journal) can take minutes, and
@@ -326,12 +326,12 @@ class Watcher:
     def _on_hang(self, now: float, procs, pinned) -> None:
         import dataclasses
 
-        from ..failover import mailbox
-        from ..failover.marker import HANG_ACTIONS, hang_summary, top_frames
-        from ..failover.verdict import NodeVerdict
-        from ..journal import open_node_journal
-        from .evidence import kernel_verdict
-        from .procs import tasks
+        from slurm_ft.failover import mailbox
+        from slurm_ft.failover.marker import HANG_ACTIONS, hang_summary, top_frames
+        from slurm_ft.failover.verdict import NodeVerdict
+        from slurm_ft.journal import open_node_journal
+        from slurm_ft.hang.evidence import kernel_verdict
+        from slurm_ft.hang.procs import tasks
         w = self.w
         inplace = self.dir_fd is not None and hb.inplace_marked(self.dir_fd, w.uid)
         lines = self.evidence(now, procs)
@@ -388,7 +388,7 @@ class Watcher:
         """The stack frames to the controller's journal by the private channel
         (:mod:`slurm_ft.hang.report`: never Slurm's node field), best effort, at most
         :data:`slurm_ft.hang.report.SEND_S` seconds; the outcome goes to the node log only."""
-        from . import report
+        from slurm_ft.hang import report
         # the job's end runs the epilog, whose backstop SIGTERMs a watcher still here
         # (epilog_cleanup): the send (bounded) finishes first, then a pending SIGTERM ends us
         # (seen on a loaded lab: the report was lost mid-send, nothing logged)
@@ -415,9 +415,9 @@ class Watcher:
             self.log(f"hang block not written: {type(exc).__name__}: {exc}")
 
     def _tell_owner(self, now: float, action: str) -> None:
-        from ..failover.marker import hang_block
-        from ..failover.owner import job_outputs
-        from ..userfile import UserFileError, append_line
+        from slurm_ft.failover.marker import hang_block
+        from slurm_ft.failover.owner import job_outputs
+        from slurm_ft.userfile import UserFileError, append_line
         w, beat = self.w, self.progress.latest
         # the prolog knows the output path only where slurmd tells it; else Slurm's expanded StdOut/StdErr
         paths = [w.stdout] if w.stdout else job_outputs(self.slurm, w.job_id)[2]
@@ -444,7 +444,7 @@ def end_processes(targets, wait_s: float, sleep=time.sleep) -> None:
     """SIGTERM ``targets`` (:class:`slurm_ft.hang.procs.Pinned`, pinned at the scan), then
     SIGKILL those still alive after ``wait_s``; a process that exited is never signalled again,
     and a pid reused by another process is never signalled at all."""
-    from .procs import end_pinned
+    from slurm_ft.hang.procs import end_pinned
     end_pinned(list(targets), wait_s, sleep)
 
 
@@ -562,7 +562,7 @@ def start(cfg, job, env: dict, log) -> int | None:
         argv += ["--gpus", ",".join(map(str, job.gpus))]
     if cfg.source:
         argv += ["--config", cfg.source]
-    from ..output_pattern import expand_output_pattern
+    from slurm_ft.output_pattern import expand_output_pattern
     out = expand_output_pattern(job.stdout, job) if job.stdout else None
     if out:
         argv += ["--stdout", out]
@@ -588,10 +588,10 @@ def main(argv=None) -> int:
     ap.add_argument("--started-mono", type=float, default=None)
     ap.add_argument("--config", default=None)
     a = ap.parse_args(argv)
-    from .. import config as config_mod
-    from ..nodejob import NodeJob
-    from ..nodelog import NodeLog
-    from ..slurm import Slurm
+    from slurm_ft import config as config_mod
+    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.nodelog import NodeLog
+    from slurm_ft.slurm import Slurm
     cfg = config_mod.load(a.config)
     job = NodeJob(a.job, a.node, a.attempt, None, None, None, None, None, None, None)
     log = NodeLog("hang-watch", job, cfg.node_state.log)

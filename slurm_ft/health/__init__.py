@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from .result import CheckResult
+from slurm_ft.health.result import CheckResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..config import Config
+    from slurm_ft.config import Config
 
 __all__ = ["CheckResult", "run_checks", "unhealthy"]
 
@@ -34,9 +34,9 @@ def run_checks(config: "Config", node: str, *, only: list[str] | None = None,
     result list ends with an ``nvml_responsive`` fail. Raises :class:`ConfigError` only for a
     bad ``[health]`` table or an unknown name in ``only``.
     """
-    from ..errors import ConfigError
-    from . import runner
-    from .config import CHECK_NAMES, from_config
+    from slurm_ft.errors import ConfigError
+    from slurm_ft.health import runner
+    from slurm_ft.health.config import CHECK_NAMES, from_config
 
     cfg = from_config(config.health)
     if only:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import re
 
-from ..drain import LEADER, drain_node
-from ..drain.reason import health_reason
-from ..errors import SlurmFTError
+from slurm_ft.drain import LEADER, drain_node
+from slurm_ft.drain.reason import health_reason
+from slurm_ft.errors import SlurmFTError
 
 
 def journal_results(cfg, node: str, results, job_id: int | None, log) -> None:
     """Every result, pass or not, goes to the node's journal (trends for the drain report)."""
-    from ..journal import open_node_journal
+    from slurm_ft.journal import open_node_journal
     try:
         # spooled, never waited for, when another process holds the journal (issue 14)
         with open_node_journal(cfg, node, spool=True, busy_timeout_s=1.0) as journal:
@@ -33,10 +33,10 @@ def act_on_node(cfg, node: str, results, slurm, log) -> str:
     node under repair: "resumed" or "remediate-failed" (slurm_ft.remediate.actions.after_checks)."""
     # a node under repair ([remediate]): the checks decide (slurm_ft.remediate.actions)
     if getattr(getattr(cfg, "remediate", None), "enabled", False):
-        from ..remediate.actions import after_checks
+        from slurm_ft.remediate.actions import after_checks
 
         def rerun():
-            from . import run_checks
+            from slurm_ft.health import run_checks
             return run_checks(cfg, node)
 
         done = after_checks(cfg, node, results, slurm, log, rerun=rerun)

@@ -12,9 +12,9 @@ import socket
 
 import click
 
-from ..errors import SlurmFTError
-from .config import CHECK_NAMES
-from .result import CheckResult
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.health.config import CHECK_NAMES
+from slurm_ft.health.result import CheckResult
 
 
 class UsageProblem(click.ClickException):
@@ -72,9 +72,9 @@ def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], n
     Exit status 0 when healthy (warnings allowed), 1 when a check fails, 2 on a usage or
     config error. Fit for a Prolog or Slurm's HealthCheckProgram.
     """
-    from .. import config as config_mod
-    from ..errors import ConfigError
-    from . import run_checks, unhealthy
+    from slurm_ft import config as config_mod
+    from slurm_ft.errors import ConfigError
+    from slurm_ft.health import run_checks, unhealthy
 
     node = node or default_node()
     try:
@@ -83,10 +83,11 @@ def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], n
             cfg = config_mod.load(config_path)
         expected = None
         if act:  # as HealthCheckProgram: only the checks the prolog runs here (slurm_ft.health.scope)
-            from ..failover.mailbox import check_node   # verdicts a slurmctld rollback erased: re-posted
+            from slurm_ft.failover.mailbox import (  # verdicts a slurmctld rollback erased: re-posted
+                check_node)
             check_node(cfg, node, lambda m: click.echo(m, err=True))
-            from .config import from_config
-            from .scope import decide, node_facts, scontrol_lookup
+            from slurm_ft.health.config import from_config
+            from slurm_ft.health.scope import decide, node_facts, scontrol_lookup
 
             hcfg = from_config(cfg.health)
             scope = decide(node_facts(cfg.node_state.dir, node, ttl_s=hcfg.scope_cache_s,
@@ -103,8 +104,8 @@ def health_command(ctx: click.Context, as_json: bool, checks: tuple[str, ...], n
         raise click.ClickException(str(exc)) from None
     bad = unhealthy(results)
     if act:
-        from ..slurm import Slurm
-        from .actions import act_on_node, journal_results
+        from slurm_ft.slurm import Slurm
+        from slurm_ft.health.actions import act_on_node, journal_results
 
         journal_results(cfg, node, results, None, lambda m: click.echo(m, err=True))
         try:

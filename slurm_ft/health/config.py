@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, HostlistError
+from slurm_ft.errors import ConfigError, HostlistError
 
 #: Checks in run order (``nvml_responsive`` is not listed: it is always reported).
 CHECK_NAMES: tuple[str, ...] = (
@@ -197,7 +197,8 @@ def from_config(table: dict[str, Any]) -> HealthConfig:
     for key in ("nodes", "exclude_nodes"):
         if not getattr(cfg, key):
             continue
-        from ..slurm.records import split_nodes  # ClusterShell: only when a hostlist is set (the worker stays lean)
+        from slurm_ft.slurm.records import (  # ClusterShell: only when a hostlist is set (the worker stays lean)
+            split_nodes)
         try:
             split_nodes(getattr(cfg, key))
         except HostlistError as exc:

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator
 
 import pynvml
 
-from .config import HealthConfig
-from .result import CheckResult
+from slurm_ft.health.config import HealthConfig
+from slurm_ft.health.result import CheckResult
 
 Progress = Callable[[str, "int | None"], None]
 

@@ -10,8 +10,8 @@ from typing import Any, Iterator
 
 import pynvml
 
-from .context import Context, per_gpu, verdict
-from .result import CheckResult
+from slurm_ft.health.context import Context, per_gpu, verdict
+from slurm_ft.health.result import CheckResult
 
 
 def gpu_count(ctx: Context) -> list[CheckResult]:

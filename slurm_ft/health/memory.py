@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import pynvml
 
-from .context import Context, per_gpu
-from .result import CheckResult
+from slurm_ft.health.context import Context, per_gpu
+from slurm_ft.health.result import CheckResult
 
 
 def _ecc(ctx: Context, handle: Any, index: int) -> CheckResult:

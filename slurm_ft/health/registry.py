@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from . import device, links, memory, thermal, xid
-from .config import CHECK_NAMES
-from .context import Context
-from .result import CheckResult
+from slurm_ft.health import device, links, memory, thermal, xid
+from slurm_ft.health.config import CHECK_NAMES
+from slurm_ft.health.context import Context
+from slurm_ft.health.result import CheckResult
 
 CHECKS: dict[str, Callable[[Context], Iterable[CheckResult]]] = {
     "gpu_count": device.gpu_count,

@@ -29,8 +29,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-from .config import HealthConfig
-from .result import CheckResult
+from slurm_ft.health.config import HealthConfig
+from slurm_ft.health.result import CheckResult
 
 Emit = Callable[[CheckResult], None]
 Progress = Callable[[str, "int | None"], None]
@@ -46,9 +46,9 @@ def collect(backend: str, inventory: str | None, cfg: HealthConfig, node: str, n
     """
     import pynvml
 
-    from .. import nvml
-    from .context import Context, crashed, nvml_error_text
-    from .registry import CHECKS
+    from slurm_ft import nvml
+    from slurm_ft.health.context import Context, crashed, nvml_error_text
+    from slurm_ft.health.registry import CHECKS
 
     t0 = time.monotonic()
     progress("nvmlInit", None)
@@ -180,9 +180,9 @@ class ForkedWorker:
     def __init__(self, request: dict[str, Any]):
         import pynvml  # noqa: F401 - imported here, before the fork, so the child has them
 
-        from .. import nvml  # noqa: F401
-        from . import context, registry  # noqa: F401
-        from .config import from_config
+        from slurm_ft import nvml  # noqa: F401
+        from slurm_ft.health import context, registry  # noqa: F401
+        from slurm_ft.health.config import from_config
 
         cfg = from_config(request["health"])
         out_r, out_w = os.pipe()

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import HealthConfig
+from slurm_ft.health.config import HealthConfig
 
 #: Cache file of a node's Slurm record under ``[node_state] dir``.
 CACHE_NAME = "slurm-node-{node}.json"
@@ -65,7 +65,7 @@ class Scope:
 
 
 def _in(node: str, hostlist: str) -> bool:
-    from ..slurm import split_nodes  # ClusterShell only when a hostlist is configured
+    from slurm_ft.slurm import split_nodes  # ClusterShell only when a hostlist is configured
 
     return node in split_nodes(hostlist)
 
@@ -147,7 +147,7 @@ def write_cache(state_dir: str, node: str, gpus: int, partitions: tuple[str, ...
 def record_facts(record: dict[str, str]) -> tuple[int, tuple[str, ...]]:
     """``(gres/gpu count, partitions)`` of a parsed ``scontrol show node -o`` record
     (:func:`slurm_ft.slurm.parse_kv_line`). Raises SlurmCommandError on an unreadable ``Gres=``."""
-    from ..slurm import parse_gres
+    from slurm_ft.slurm import parse_gres
 
     gpus = parse_gres(record.get("Gres")).get("gpu", 0)
     parts = record.get("Partitions", "")
@@ -161,7 +161,7 @@ def node_facts(state_dir: str, node: str, *, ttl_s: float, job_gpus: int = 0, jo
     """The node's :class:`NodeFacts`: the cache under ``state_dir`` when younger than ``ttl_s``,
     else ``lookup(node)`` (a parsed ``scontrol show node -o`` record, :func:`scontrol_lookup`)
     written back to the cache; when the lookup fails, a stale cache, else ``gpus=None``. Never raises; problems go to ``log``."""
-    from ..errors import SlurmFTError
+    from slurm_ft.errors import SlurmFTError
 
     now = time.time() if now is None else now
     cached = read_cache(state_dir, node)
@@ -189,7 +189,7 @@ def scontrol_lookup(config) -> Callable[[str], dict[str, str]]:
     """``node -> parsed scontrol show node -o NODE`` with ``config``'s Slurm commands and a
     timeout of at most :data:`LOOKUP_TIMEOUT_S`. Raises SlurmCommandError when it fails."""
     def lookup(node: str) -> dict[str, str]:
-        from ..slurm import Slurm, parse_kv_line
+        from slurm_ft.slurm import Slurm, parse_kv_line
 
         timeout = min(LOOKUP_TIMEOUT_S, config.slurm.command_timeout_s)
         proc = Slurm.from_config(config).run("scontrol", "show", "node", "-o", node, timeout_s=timeout)

@@ -11,9 +11,9 @@ from typing import Any, Iterator
 
 import pynvml
 
-from .config import THROTTLE_BITS
-from .context import Context, per_gpu
-from .result import CheckResult
+from slurm_ft.health.config import THROTTLE_BITS
+from slurm_ft.health.context import Context, per_gpu
+from slurm_ft.health.result import CheckResult
 
 
 def fail_temperature(ctx: Context, handle: Any) -> int:

@@ -13,8 +13,8 @@ import sys
 
 
 def main() -> int:
-    from .config import from_config
-    from .runner import collect
+    from slurm_ft.health.config import from_config
+    from slurm_ft.health.runner import collect
 
     request = json.loads(sys.stdin.read())
     cfg = from_config(request["health"])

@@ -20,9 +20,9 @@ from typing import Iterable
 
 import pynvml
 
-from .config import HealthConfig
-from .context import Context, crashed
-from .result import CheckResult
+from slurm_ft.health.config import HealthConfig
+from slurm_ft.health.context import Context, crashed
+from slurm_ft.health.result import CheckResult
 
 #: Events read per check at most (an Xid storm must not keep the prolog busy).
 MAX_EVENTS = 256
@@ -95,7 +95,7 @@ def kmsg_events(lines: Iterable[str], bus_ids: dict[int, str]) -> list[tuple[int
     An Xid-looking text anywhere else in a record (a process or file name the kernel printed), an
     Xid without a bus id or with a bus id no GPU of this node has, and NVSwitch SXids are left
     out: they name none of this node's GPUs, so they never fail the node."""
-    from ..classify.parse import normalise_bus_id, parse_xid
+    from slurm_ft.classify.parse import normalise_bus_id, parse_xid
 
     by_bus = {normalise_bus_id(b): i for i, b in bus_ids.items()}
     out: list[tuple[int | None, int]] = []
@@ -109,7 +109,7 @@ def kmsg_events(lines: Iterable[str], bus_ids: dict[int, str]) -> list[tuple[int
 
 
 def _bus_ids(ctx: Context) -> dict[int, str]:
-    from ..nvml import bus_id_text
+    from slurm_ft.nvml import bus_id_text
 
     out = {}
     for index, handle in ctx.handles.items():
@@ -136,7 +136,7 @@ def xid_events(ctx: Context) -> list[CheckResult]:
     if ctx.cfg.xid_kmsg_window_s:
         ctx.progress("xid_events", None)
         try:
-            from ..classify.sources import read_kmsg
+            from slurm_ft.classify.sources import read_kmsg
 
             lines = read_kmsg(time.monotonic() - ctx.cfg.xid_kmsg_window_s)
             events += kmsg_events(lines, _bus_ids(ctx))

@@ -7,6 +7,6 @@ bounded); a spooled write the database refuses is set aside in ``dead_letters``;
 :class:`~slurm_ft.errors.JournalError` leaves the journal.
 """
 
-from .store import Journal, open_daemon_journal, open_journal, open_node_journal
+from slurm_ft.journal.store import Journal, open_daemon_journal, open_journal, open_node_journal
 
 __all__ = ["Journal", "open_daemon_journal", "open_journal", "open_node_journal"]

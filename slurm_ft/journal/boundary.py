@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any, Iterable, Mapping
 
-from ..errors import JournalError
+from slurm_ft.errors import JournalError
 
 #: Characters kept of one text value (a truncated one ends with :data:`CUT`).
 MAX_TEXT = 16384

@@ -40,7 +40,7 @@ import time
 import uuid
 from typing import Any
 
-from ..errors import JournalError
+from slurm_ft.errors import JournalError
 
 #: Tables whose rows belong to one job incarnation (``job_id`` column), moved together on retirement.
 JOB_TABLES = ("jobs", "attempts", "verdicts", "actions", "health")
@@ -194,7 +194,7 @@ def retire(journal, job, seen: list, reason: str) -> int:
     """Move every journal row of ``job.job_id`` to a new negative key and start the id afresh
     for ``job`` (see the module doc); returns that key. Writes the spool first (the old rows
     must all be in the database). Raises :class:`JournalError`."""
-    from ..failover import policy
+    from slurm_ft.failover import policy
 
     if not journal.flush():
         raise JournalError(f"{journal.path}: locked by another process; job {job.job_id} (a reused id) is "

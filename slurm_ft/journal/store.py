@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import ConfigError, JournalError
-from . import boundary, migrations, trouble
-from .trouble import Trouble
+from slurm_ft.errors import ConfigError, JournalError
+from slurm_ft.journal import boundary, migrations, trouble
+from slurm_ft.journal.trouble import Trouble
 
 log = logging.getLogger(__name__)
 
@@ -830,7 +830,7 @@ class Journal:
 
     def node_verdicts(self, job_id: int, attempt: int | None = None) -> list:
         """The verdicts of a job (one attempt) as :class:`~slurm_ft.failover.verdict.NodeVerdict`."""
-        from ..failover.verdict import NodeVerdict
+        from slurm_ft.failover.verdict import NodeVerdict
         return [NodeVerdict.from_row(r) for r in self.verdicts(job_id, attempt)]
 
     def verdicts(self, job_id: int, attempt: int | None = None) -> list[dict]:
@@ -975,7 +975,7 @@ class Journal:
 
     def active_ft_jobs(self) -> set[int]:
         """ft-enabled jobs on record whose ft state is not final (the daemon watches them)."""
-        from ..failover import policy
+        from slurm_ft.failover import policy
 
         finals = sorted(policy.FINAL_STATES)
         rows = self._guard(lambda: self.db.execute(

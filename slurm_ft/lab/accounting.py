@@ -24,9 +24,9 @@ import os
 import socket
 import subprocess
 
-from ..errors import LabError
-from ..slurm import SAFE_PATH
-from .layout import Layout
+from slurm_ft.errors import LabError
+from slurm_ft.slurm import SAFE_PATH
+from slurm_ft.lab.layout import Layout
 
 SLURMDBD = "/usr/sbin/slurmdbd"
 MARIADBD = "/usr/sbin/mariadbd"

@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LabError
-from ..slurm import SAFE_PATH
-from . import accounting as acct
-from . import layout as L
-from . import spank as lab_spank
-from .layout import Layout
+from slurm_ft.errors import LabError
+from slurm_ft.slurm import SAFE_PATH
+from slurm_ft.lab import accounting as acct
+from slurm_ft.lab import layout as L
+from slurm_ft.lab import spank as lab_spank
+from slurm_ft.lab.layout import Layout
 
 SBIN = "/usr/sbin"
 #: Snapshots of slurmctld's state a lab keeps (``lab snapshot-ctld``).
@@ -625,7 +625,7 @@ class Lab:
 
     def _fresh_files(self, nodes: list[str], log=print) -> None:
         """A new cluster incarnation: fresh Slurm state; old journals archived, never deleted."""
-        from ..nvml import fake as fake_nvml
+        from slurm_ft.nvml import fake as fake_nvml
 
         d = self.lay.dir
         check_lab_dir(d, create=True)  # up() checked it too; _fresh_files never runs on an unchecked dir
@@ -658,7 +658,7 @@ class Lab:
                 os.mknod(dev / f"nvidia{g}", 0o666 | 0o020000, os.makedev(1, 3))
             fake_nvml.write_inventory(str(self.lay.inventory(n)), n, L.inventory_gpus(n))
         write_file(self.lay.ft_conf, render_ft_conf(self.lay))
-        from .. import config as ft_config  # job_submit.lua gets the lab's [failover] retry limits
+        from slurm_ft import config as ft_config  # job_submit.lua gets the lab's [failover] retry limits
 
         so = lab_spank.write_files(self.lay.dir, self.repo, log=log,
                                    failover=ft_config.load(self.lay.ft_conf).failover)

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LabError
-from ..slurm import Slurm
-from .cluster import Lab
-from .inject import inject_xid
-from .layout import repo_root
+from slurm_ft.errors import LabError
+from slurm_ft.slurm import Slurm
+from slurm_ft.lab.cluster import Lab
+from slurm_ft.lab.inject import inject_xid
+from slurm_ft.lab.layout import repo_root
 
 
 @dataclass
@@ -109,8 +109,8 @@ def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.1):
 def reset_nodes(lab: Lab, slurm: Slurm) -> None:
     """Cancel leftover jobs, resume every drained lab node and make every fake GPU healthy again
     (test and demo isolation)."""
-    from ..nvml import fake
-    from . import layout as L
+    from slurm_ft.nvml import fake
+    from slurm_ft.lab import layout as L
     live = [str(j.job_id) for j in slurm.jobs() if not j.ended]
     if live:
         slurm.run("scancel", *live)
@@ -150,9 +150,9 @@ def run_demo(lab_dir: str, log=print) -> bool:
     node_info = slurm.show_node(first.nodes)
     log("--- job output ---\n" + out.rstrip())
     log(f"--- drain reason of {first.nodes}: {node_info.get('Reason', '')}")
-    from ..history import history, render_table
-    from ..journal import open_daemon_journal
-    from .. import config as config_mod
+    from slurm_ft.history import history, render_table
+    from slurm_ft.journal import open_daemon_journal
+    from slurm_ft import config as config_mod
     time.sleep(1.0)  # let the daemon record the final state
     with open_daemon_journal(config_mod.load(lab.lay.ft_conf), readonly=True) as journal:
         h = history(journal, job.job_id)

@@ -49,10 +49,10 @@ import tarfile
 import time
 from pathlib import Path
 
-from ..errors import LabError, SlurmCommandError
-from ..slurm import SAFE_PATH, Slurm
-from . import layout as L
-from .demo import Submitted
+from slurm_ft.errors import LabError, SlurmCommandError
+from slurm_ft.slurm import SAFE_PATH, Slurm
+from slurm_ft.lab import layout as L
+from slurm_ft.lab.demo import Submitted
 
 #: Slurm version -> (Debian suite, the suite's Python, lab number: network 172.31.24N.0/24 and PCI domain).
 #: forky is Debian testing (Slurm 26.05.5 and Python 3.14 when added; docs/lab.md).
@@ -262,7 +262,7 @@ RUN apt-get install -y -q --no-install-recommends /tmp/slurm-ft.deb >/dev/null \
 
 
 def _cache_dir() -> Path:
-    from .cluster import check_lab_dir
+    from slurm_ft.lab.cluster import check_lab_dir
     for d in (CACHE.parent, CACHE):
         if not d.exists():
             os.mkdir(d, 0o755)
@@ -431,7 +431,7 @@ def render_slurm_conf(version: str, ip: dict[str, str], nodes: list[str], contro
 
 def render_ft_conf(nodes: int) -> str:
     """slurm-ft.toml of the Docker lab: every path in the container's own ``/lab``."""
-    from .cluster import ft_conf_text
+    from slurm_ft.lab.cluster import ft_conf_text
     return ft_conf_text("Docker lab (written by `slurm-ft lab up --engine docker`)", PRIVATE, nodes)
 
 
@@ -672,7 +672,7 @@ class DockerLab:
         """Build (or reuse) the image, then start a fresh lab: network, controller, ``nodes``
         compute containers, the slurm-ft daemon. Idempotent only in the sense that an earlier lab
         of this version is removed first. Returns :meth:`status`. Raises :class:`LabError`."""
-        from .cluster import check_lab_dir
+        from slurm_ft.lab.cluster import check_lab_dir
         if os.geteuid() != 0:
             raise LabError("the Docker lab needs root (dockerd, /dev/kmsg)")
         if not 1 <= nodes <= L.MAX_NODES:
@@ -708,9 +708,9 @@ class DockerLab:
         return self.status()
 
     def _fresh_files(self, nodes: list[str], ctls=("ctl",)) -> None:
-        from ..nvml import fake as fake_nvml
-        from .. import assets
-        from ..config import FailoverConfig
+        from slurm_ft.nvml import fake as fake_nvml
+        from slurm_ft import assets
+        from slurm_ft.config import FailoverConfig
         for sub in [*CONTROLLERS, "ctld-state", *nodes, "conf", "code", "shared"]:
             shutil.rmtree(self.dir / sub, ignore_errors=True)
         for sub in [*ctls, *(["ctld-state"] if len(ctls) > 1 else []), *nodes, "conf"]:
@@ -832,7 +832,7 @@ class DockerLab:
             if ok():
                 return
             time.sleep(0.3)
-        from .cluster import tail
+        from slurm_ft.lab.cluster import tail
         raise LabError(f"{what} did not come up within {timeout_s:g} s; log tail ({self.log(name, logfile)}):\n"
                        f"{tail(self.log(name, logfile))}")
 
@@ -934,7 +934,7 @@ class DockerLab:
         """(host pid, job id) of the job processes in node ``node``'s container holding GPU
         ``gpu`` (any if None): :func:`slurm_ft.lab.inject.job_processes` restricted to the
         container's own pid namespace (a native lab may have a node of the same name)."""
-        from .inject import job_processes
+        from slurm_ft.lab.inject import job_processes
         c = self.container(node)
         init = c.attrs["State"]["Pid"]
         try:
@@ -954,7 +954,7 @@ class DockerLab:
         """Write an NVRM Xid line for node ``node``'s GPU ``gpu`` (the Docker lab's bus id) to the
         host's /dev/kmsg, which every container shares; with ``kill``, SIGKILL that GPU's job
         processes in the node's container. Returns ``{"line", "killed"}``."""
-        from .inject import xid_fault
+        from slurm_ft.lab.inject import xid_fault
         if not 0 <= gpu < L.GPUS_PER_NODE:
             raise LabError(f"gpu must be 0..{L.GPUS_PER_NODE - 1}, got {gpu}")
         procs = self.job_processes(node, gpu) if kill else []
@@ -987,8 +987,8 @@ class DockerLab:
 
     def reset(self, slurm: Slurm) -> None:
         """Test isolation: cancel live jobs, undo node faults, resume every node, heal every fake GPU."""
-        from ..nvml import fake
-        from .demo import wait_for
+        from slurm_ft.nvml import fake
+        from slurm_ft.lab.demo import wait_for
         live = [str(j.job_id) for j in slurm.jobs() if not j.ended]
         if live:
             slurm.run("scancel", *live)

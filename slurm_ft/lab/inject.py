@@ -10,9 +10,9 @@ import os
 import signal
 from pathlib import Path
 
-from ..errors import HostlistError, LabError
-from ..slurm import split_indices
-from . import layout as L
+from slurm_ft.errors import HostlistError, LabError
+from slurm_ft.slurm import split_indices
+from slurm_ft.lab import layout as L
 
 #: Message texts NVIDIA's driver prints after the Xid number (from the NVIDIA Xid catalog).
 XID_TEXT = {
@@ -43,7 +43,7 @@ def job_processes(node: str, gpu: int | None, conf: str | None = None) -> list[t
     their container's): labs side by side on one host have the same node names and job ids."""
     ours = None
     if conf is not None:
-        from ..hang.procs import scan
+        from slurm_ft.hang.procs import scan
         here = os.readlink("/proc/self/ns/pid")
         ours = {p.pid for p in scan(conf=conf, node=node) if _pid_ns(p.pid) == here}
     found = []
@@ -123,7 +123,7 @@ def inject_infra(node: str, *, conf: str, job_id: int | None = None, message: st
     failure makes NCCL do, and are killed (SIGKILL). The line goes down the task's own stderr
     (``/proc/PID/fd/2``) only when that is a pipe or socket (what slurmstepd gives a task): a
     job's stderr that is a file of its choosing is never opened by root. Returns what was done."""
-    from ..hang.procs import roots, scan, tasks
+    from slurm_ft.hang.procs import roots, scan, tasks
     found = tasks(scan(job_id, conf=conf, node=node))
     if not found:
         return {"killed": []}

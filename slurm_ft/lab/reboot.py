@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import LabError
+from slurm_ft.errors import LabError
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -62,8 +62,8 @@ def node_of_caller(conf: str, pid: int | None = None, env=None) -> str:
 def heal(lab, node: str) -> bool:
     """The node's fake GPUs as after a power cycle (a fresh inventory), unless its fault survives
     reboots. Returns whether they were healed."""
-    from ..nvml import fake as fake_nvml
-    from . import layout as L
+    from slurm_ft.nvml import fake as fake_nvml
+    from slurm_ft.lab import layout as L
 
     if lab.sticky_path(node).exists():
         return False
@@ -73,7 +73,7 @@ def heal(lab, node: str) -> bool:
 
 def reboot(lab_dir: str, node: str, log=print) -> None:
     """Stop ``node``'s slurmd, heal its GPUs, start it again as rebooted (``slurmd -b``)."""
-    from .cluster import Lab
+    from slurm_ft.lab.cluster import Lab
 
     lab = Lab(lab_dir)
     lab.slurmd_kill(node)

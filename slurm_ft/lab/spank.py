@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import assets
-from ..config import FailoverConfig
-from .layout import repo_root
+from slurm_ft import assets
+from slurm_ft.config import FailoverConfig
+from slurm_ft.lab.layout import repo_root
 
 PLUGIN = "slurm_ft"
 

@@ -11,7 +11,7 @@ import os
 import pwd
 import subprocess
 
-from ..errors import LabError
+from slurm_ft.errors import LabError
 
 #: The lab's ordinary user.
 LAB_USER = "slurmft-user"
@@ -53,7 +53,7 @@ def tool_env(env: dict[str, str]) -> dict[str, str]:
     import sysconfig
     from pathlib import Path
 
-    from .layout import repo_root
+    from slurm_ft.lab.layout import repo_root
 
     site = Path(sysconfig.get_paths()["purelib"])
     probe = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
+from slurm_ft.errors import ConfigError
 
 BACKENDS = ("real", "fake")
 
@@ -34,7 +34,7 @@ def load(backend: str, inventory_path: str | None = None) -> Any:
     if backend == "fake":
         if not inventory_path:
             raise ConfigError("nvml.inventory: required when nvml.backend = 'fake'")
-        from .fake import FakeNvml
+        from slurm_ft.nvml.fake import FakeNvml
 
         return FakeNvml(inventory_path)
     raise ConfigError(f"nvml.backend: real or fake, got {backend!r}")
@@ -46,7 +46,7 @@ def gpu_map(cfg, node: str, gpus) -> tuple[dict[str, int], frozenset[str]]:
     slurm_ft.classify.normalise_bus_id) and the bus ids of the job's GPUs ``gpus`` (indices from
     ``SLURM_JOB_GPUS``; None or empty: the job owns none). One reading for the epilog, the hang
     watcher and ``slurm-ft run``. Raises what NVML raises (``pynvml.NVMLError``; ConfigError)."""
-    from ..classify.parse import normalise_bus_id
+    from slurm_ft.classify.parse import normalise_bus_id
 
     nv = load(cfg.nvml.backend, cfg.nvml_inventory_path(node) if cfg.nvml.inventory else None)
     node_bus = {normalise_bus_id(b): i for i, b in gpu_bus_ids(nv).items()}

@@ -24,7 +24,8 @@ from typing import Any
 
 import pynvml
 
-from .inventory import read, set_gpu_field, set_node_field, write_inventory  # noqa: F401  (public here too)
+from slurm_ft.nvml.inventory import (  # noqa: F401  (public here too)
+    read, set_gpu_field, set_node_field, write_inventory)
 
 __all__ = ["FakeNvml", "write_inventory", "set_gpu_field", "set_node_field"]
 

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from slurm_ft.errors import ConfigError
 
 
 @dataclass(frozen=True)

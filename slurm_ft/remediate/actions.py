@@ -27,8 +27,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..errors import SlurmFTError
-from . import policy as P
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.remediate import policy as P
 
 log = logging.getLogger("slurm_ft.remediate")
 
@@ -43,7 +43,7 @@ RETRY_AFTER_REFUSAL_S = 60.0
 
 def catalog() -> dict[int, P.CatalogRow]:
     """The shipped Xid catalog's repair columns (``xid_catalog.csv``: ``repair``, ``cancels``)."""
-    from ..classify.table import xid_catalog
+    from slurm_ft.classify.table import xid_catalog
 
     return {x: P.CatalogRow(r.repair, r.cancels) for x, r in xid_catalog().items()}
 
@@ -91,7 +91,7 @@ class Remediator:
         self.catalog = catalog()
 
     def limits(self, nodes, in_flight: int) -> P.Limits:
-        from ..drain.breaker import limit_for
+        from slurm_ft.drain.breaker import limit_for
 
         allowance = limit_for(self.d.cfg.breaker, len(nodes))
         return P.Limits(self.cfg.max_repairs, self.cfg.window_s, self.cfg.repair_timeout_s, self.cfg.reset,
@@ -176,7 +176,7 @@ class Remediator:
             j.finish(aid)
             log.warning("%s: %s", a.node, a.reason)
         elif isinstance(a, P.Pass):
-            from ..failover import reconcile
+            from slurm_ft.failover import reconcile
 
             j.record(a.job_id, 0, "remediate-pass", a.node, _detail("pass", why=a.why))
             # the drain is over: reconciliation must neither call it lifted by someone else nor
@@ -276,7 +276,7 @@ def fake_reset(cfg, node: str, bus: str) -> ResetOutcome:
     driver does; :func:`reset_gpu` turns it off first on a real node, here the refusal is
     modelled), and refused when the GPU is marked ``lost`` (a reset cannot bring back a GPU that
     fell off the bus); else it clears the GPU's pending Xid events."""
-    from ..nvml import inventory
+    from slurm_ft.nvml import inventory
 
     path = cfg.nvml_inventory_path(node)
     try:
@@ -298,7 +298,7 @@ def after_checks(cfg, node: str, results, slurm, log_line, rerun=None) -> str | 
     checks are run again (``rerun()``); every check passes -> the node is resumed ("resumed"), a
     fail -> reason ``slurm-ft: remediate: failed: ...`` ("remediate-failed"). None: not a node
     under repair (the caller does what it always does)."""
-    from ..drain.reason import health_reason
+    from slurm_ft.drain.reason import health_reason
 
     try:
         info = slurm.show_node(node)

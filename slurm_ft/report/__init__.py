@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ..errors import SlurmFTError
-from .collect import FLAP_THRESHOLD, DrainEvent, NodeRow, ReportData, collect, reason_category
-from .render import FORMATS, render, to_json
+from slurm_ft.errors import SlurmFTError
+from slurm_ft.report.collect import (
+    FLAP_THRESHOLD, DrainEvent, NodeRow, ReportData, collect, reason_category)
+from slurm_ft.report.render import FORMATS, render, to_json
 
 __all__ = ["FLAP_THRESHOLD", "FORMATS", "DrainEvent", "NodeRow", "ReportData", "ReportError", "check_output",
            "collect", "reason_category", "render", "to_json", "write_report"]

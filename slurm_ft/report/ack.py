@@ -10,7 +10,7 @@ before it as acknowledged. Root only (it writes the daemon journal).
 
 from __future__ import annotations
 
-from ..slurm import split_nodes
+from slurm_ft.slurm import split_nodes
 
 #: Journal action of an acknowledgement.
 ACK_ACTION = "report-ack"

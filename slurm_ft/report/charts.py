@@ -15,7 +15,7 @@ from collections import Counter
 from markupsafe import Markup
 from markupsafe import escape as _xml_escape
 
-from ..textsafe import terminal_safe
+from slurm_ft.textsafe import terminal_safe
 
 #: One colour per fault class (colour-blind safe palette, Okabe-Ito).
 CLASS_COLOURS = {"hardware": "#D55E00", "hang": "#CC79A7", "infra": "#0072B2", "unknown": "#999999"}

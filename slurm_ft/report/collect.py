@@ -23,17 +23,17 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ..drain import LEADER, SLURM_REASONS
-from ..errors import JournalError, SlurmFTError
-from ..failover.policy import HEALTH_RULE
-from ..health.config import CHECK_NAMES
-from ..journal import open_daemon_journal, open_journal
-from ..slurm import parse_gres
-from . import remediation, suspect
-from .ack import acks as report_acks
-from .impact import Impact, impact
-from .suspect import SuspectNode
-from .nodeset import fold, natural_key
+from slurm_ft.drain import LEADER, SLURM_REASONS
+from slurm_ft.errors import JournalError, SlurmFTError
+from slurm_ft.failover.policy import HEALTH_RULE
+from slurm_ft.health.config import CHECK_NAMES
+from slurm_ft.journal import open_daemon_journal, open_journal
+from slurm_ft.slurm import parse_gres
+from slurm_ft.report import remediation, suspect
+from slurm_ft.report.ack import acks as report_acks
+from slurm_ft.report.impact import Impact, impact
+from slurm_ft.report.suspect import SuspectNode
+from slurm_ft.report.nodeset import fold, natural_key
 
 CATEGORIES = ("fault", "health", "admin", "slurm")
 LABELS = {"fault": "slurm-ft (fault verdict)", "health": "slurm-ft (health check)", "admin": "admin",

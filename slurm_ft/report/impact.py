@@ -25,7 +25,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ..slurm import split_nodes
+from slurm_ft.slurm import split_nodes
 
 #: Which class an attempt with several verdicts counts under (the first present wins).
 CLASS_RANK = ("hardware", "hang", "infra", "unknown")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..remediate.actions import ACTIONS
-from .nodeset import natural_key
+from slurm_ft.remediate.actions import ACTIONS
+from slurm_ft.report.nodeset import natural_key
 
 
 @dataclass

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import time
 
-from ..textsafe import terminal_safe
-from .collect import BY_SLURM_FT, CATEGORIES, LABELS, ReportData
-from .remediation import to_json as remediation_json
-from .suspect import to_json as suspect_json
+from slurm_ft.textsafe import terminal_safe
+from slurm_ft.report.collect import BY_SLURM_FT, CATEGORIES, LABELS, ReportData
+from slurm_ft.report.remediation import to_json as remediation_json
+from slurm_ft.report.suspect import to_json as suspect_json
 
 FORMATS = ("text", "html", "json")
 
@@ -59,7 +59,7 @@ def _charts(d: ReportData) -> dict:
     """The inline SVG charts of the HTML report (slurm_ft.report.charts), keyed by name."""
     from collections import Counter
 
-    from . import charts
+    from slurm_ft.report import charts
 
     return {
         "per_day": charts.faults_per_day(d.impact.per_day),

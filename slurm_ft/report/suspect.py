@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..classify import recurrence
+from slurm_ft.classify import recurrence
 
 #: The verdict rule prefixes of a suspect verdict the trusted checks settled (slurm_ft.epilog).
 CONFIRMED, NOT_CONFIRMED = "verified:", "unverified:"
@@ -63,7 +63,7 @@ def rows(journal, since: float, ids: frozenset[str] | None = None) -> list[dict]
 def table(verdicts: list[dict]) -> list[SuspectNode]:
     """Suspect nodes from :func:`rows` of any number of journals: one attempt counts once; most
     jobs first, then by name."""
-    from .nodeset import natural_key
+    from slurm_ft.report.nodeset import natural_key
 
     seen: dict[tuple, dict] = {}
     for v in verdicts:

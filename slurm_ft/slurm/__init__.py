@@ -22,9 +22,9 @@ from functools import cache
 from pathlib import Path
 from typing import Callable
 
-from ..errors import SlurmCommandError
-from ..indices import split_indices  # noqa: F401 - split_indices is public here too
-from .records import (ENDED_STATES, Job, Node, compress_nodes, parse_boot_time, parse_config,  # noqa: F401
+from slurm_ft.errors import SlurmCommandError
+from slurm_ft.indices import split_indices  # noqa: F401 - split_indices is public here too
+from slurm_ft.slurm.records import (ENDED_STATES, Job, Node, compress_nodes, parse_boot_time, parse_config,  # noqa: F401
                       parse_gres, parse_kv_line, parse_slurm_conf, private_data, slurmctld_hosts, split_nodes)
 
 #: Fixed PATH for every child: root code never trusts the caller's PATH.
@@ -35,7 +35,7 @@ log = logging.getLogger("slurm_ft.slurm")
 @cache
 def _reads() -> tuple[frozenset[str], frozenset[str]]:
     """(commands, scontrol verbs) that only read: ``slurm_ft/data/slurm_reads.toml``."""
-    from ..data import data_text
+    from slurm_ft.data import data_text
 
     table = tomllib.loads(data_text("slurm_reads.toml"))
     return frozenset(table["commands"]), frozenset(table["scontrol_verbs"])
@@ -155,7 +155,7 @@ class Slurm:
         """One job, or None once slurmctld has forgotten it: ``scontrol show job J``, a single-job
         RPC (``squeue --jobs=J`` asks slurmctld for the whole queue; slurm_ft.jobinfo), or
         ``squeue --json`` when that text is ambiguous."""
-        from ..jobinfo import parse_show_job
+        from slurm_ft.jobinfo import parse_show_job
 
         proc = self.run("scontrol", "show", "job", str(job_id), check=False)
         if proc.returncode != 0 and "Invalid job id" in proc.stderr:
@@ -221,7 +221,7 @@ class Slurm:
         ``Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)``. Read from the job's anchored record's
         detail lines only (slurm_ft.jobinfo.gres_gpu_detail: no user-set value can add a GPU).
         {} when the job holds no GPU, is gone, or its record is ambiguous (then it owns none)."""
-        from ..jobinfo import gres_gpu_detail
+        from slurm_ft.jobinfo import gres_gpu_detail
 
         out = self.run("scontrol", "show", "job", "-d", str(job_id), check=False).stdout
         held: dict[str, set[int]] = {}

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
-from ..errors import HostlistError, SlurmCommandError
-from ..indices import NOT_HOSTLIST
+from slurm_ft.errors import HostlistError, SlurmCommandError
+from slurm_ft.indices import NOT_HOSTLIST
 
 #: Set operators and separators of ClusterShell's grammar that Slurm's hostlists do not have:
 #: rejected rather than silently applied (``n[1-3]!n2`` is no Slurm hostlist).
