@@ -23,7 +23,7 @@ spank:
 	@if [ -f spank/Makefile ]; then $(MAKE) -s -C spank; fi
 
 demo: setup
-	$(PY) -m slurm_ft.cli lab demo --dir $(LAB_DIR)
+	$(PY) -m slurm_ft.cli.main lab demo --dir $(LAB_DIR)
 
 test: setup
 	PY=$(PY) sh scripts/run-tests.sh
@@ -37,7 +37,7 @@ test-docker: setup
 	SLURM_FT_LAB_SLURM=$(SLURM) $(PY) -m pytest -q -ra -m docker
 
 lab-up: setup
-	$(PY) -m slurm_ft.cli lab up --dir $(LAB_DIR)
+	$(PY) -m slurm_ft.cli.main lab up --dir $(LAB_DIR)
 
 # One .deb per Debian release (packaging/deb/releases.toml) into build/deb/: make deb RELEASE=trixie
 RELEASE ?=
@@ -45,7 +45,7 @@ deb: venv
 	$(PY) packaging/deb/build.py $(if $(RELEASE),--release $(RELEASE)) --out build/deb
 
 lab-down: venv
-	$(PY) -m slurm_ft.cli lab down --dir $(LAB_DIR)
+	$(PY) -m slurm_ft.cli.main lab down --dir $(LAB_DIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

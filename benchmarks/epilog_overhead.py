@@ -5,7 +5,7 @@ Run (as root for the large-kernel-log part):
 
 Each run is ``epilog/slurm-ft-epilog``, the checkout's wrapper the lab's slurmd runs (``/bin/sh``,
 then ``.venv/bin/python -I -S`` with its start-up lines; ``--command module`` runs ``.venv/bin/python
--I -m slurm_ft.epilog`` instead, the entry before issue 24), with the environment slurmd gives it: ``SLURM_JOB_ID`` (a new id per run),
+-I -m slurm_ft.node.epilog`` instead, the entry before issue 24), with the environment slurmd gives it: ``SLURM_JOB_ID`` (a new id per run),
 ``SLURMD_NODENAME=n1``, ``SLURM_JOB_RESTART_COUNT=0``, ``SLURM_JOB_EXIT_CODE=0``,
 ``SLURM_JOB_GPUS=0``, ``SLURM_JOB_UID=0``, ``SLURM_SCRIPT_CONTEXT=epilog_slurmd``, and ``SLURM_FT_CONFIG`` naming a temporary TOML:
 journal and node state under a temp dir, ``[nvml] backend = "fake"`` with the lab's 2-GPU
@@ -91,7 +91,7 @@ bin_dir = "{bin_dir}"
 
 #: ``--command``: what one run executes.
 COMMANDS = {"wrapper": ["/bin/sh", str(ROOT / "epilog" / "slurm-ft-epilog")],
-            "module": [str(PYTHON), "-I", "-m", "slurm_ft.epilog"]}
+            "module": [str(PYTHON), "-I", "-m", "slurm_ft.node.epilog"]}
 
 
 def series(conf: Path, runs: int, first_job: int, command: str = "wrapper") -> list[float]:
@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=25)
     ap.add_argument("--kmsg-lines", type=int, default=20000)
     ap.add_argument("--command", choices=sorted(COMMANDS), default="wrapper",
-                    help="wrapper: epilog/slurm-ft-epilog as slurmd runs it (default); module: python -I -m slurm_ft.epilog")
+                    help="wrapper: epilog/slurm-ft-epilog as slurmd runs it (default); module: python -I -m slurm_ft.node.epilog")
     ap.add_argument("--real-kmsg", action="store_true",
                     help="write the extra lines into the real /dev/kmsg (evicts older kernel messages)")
     args = ap.parse_args()

@@ -15,7 +15,7 @@ included; median of ``--runs``):
 * ``history_window_s``: ``ft-history -a -S now-30days -n -P`` (the rows it prints:
   ``history_window_rows``); ``history_window_chain_s``: the same window in the default
   (retry-chain) view; ``history_window_rendered_s``: the ``-P`` query with its columns named by
-  ``-o``, which renders every job now (what the history memo saves: slurm_ft.history_memo; the
+  ``-o``, which renders every job now (what the history memo saves: slurm_ft.history.memo; the
   memo is filled first, as the history service does in the background: ``memo_fill_s``);
 * ``history_job_s``: ``ft-history -j ID``;
 * ``history_user_s``: ``ft-history -u USER -X -S now-365days``;
@@ -44,8 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm_ft import config as config_mod  # noqa: E402
-from slurm_ft import history_memo  # noqa: E402
-from slurm_ft.history_format import LIST_FORMAT  # noqa: E402
+from slurm_ft.history import memo as history_memo  # noqa: E402
+from slurm_ft.history.format import LIST_FORMAT  # noqa: E402
 from slurm_ft.journal import open_journal  # noqa: E402
 from slurm_ft.report import collect, render  # noqa: E402
 from slurm_ft.slurm import Node  # noqa: E402
@@ -143,15 +143,15 @@ def timed(argv: list[str], runs: int, env: dict) -> tuple[float, int]:
 def user_via_service(db: Path, runs: int) -> dict:
     """``user_via_service_s``: ``ft-history -X -S now-365days`` run by an ordinary user (the lab's,
     ``slurmft-user``, given USERS[8]'s jobs) who cannot read the journal, answered by the history
-    service (slurm_ft/history_service.py, in this process, PrivateData=jobs) over TCP with a real
+    service (slurm_ft/history/service.py, in this process, PrivateData=jobs) over TCP with a real
     MUNGE credential: interpreter start, credential, query and rendering included."""
     import pwd
     import shutil
     import sqlite3
     import tempfile
 
-    from slurm_ft import munge
-    from slurm_ft.history_service import Access, HistoryService, Server
+    from slurm_ft.slurm import munge
+    from slurm_ft.history.service import Access, HistoryService, Server
     from slurm_ft.lab.users import LAB_USER, SYSTEM_PYTHON, ensure_user, tool_env
 
     try:
@@ -172,7 +172,7 @@ def user_via_service(db: Path, runs: int) -> dict:
                                          f'[history]\nendpoint = "127.0.0.1:{srv.address[1]}"\n')
         (d / "slurm-ft.toml").chmod(0o644)
         env = tool_env({"SLURM_FT_CONFIG": str(d / "slurm-ft.toml"), "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
-        argv = ["/usr/sbin/runuser", "-u", LAB_USER, "--", SYSTEM_PYTHON, "-m", "slurm_ft.history", "-X", "-S",
+        argv = ["/usr/sbin/runuser", "-u", LAB_USER, "--", SYSTEM_PYTHON, "-m", "slurm_ft.history.query", "-X", "-S",
                 "now-365days", "-n", "-P"]
         seconds, lines = timed(argv, runs, env)
     finally:
@@ -212,7 +212,7 @@ def main() -> None:
         with open_journal(db, readonly=True) as j:
             (n_att,) = j.db.execute("SELECT COUNT(*) FROM attempts").fetchone()
         print(f"journal_attempts={n_att}")
-    # what the history service's background thread does (slurm_ft.history_memo): render the
+    # what the history service's background thread does (slurm_ft.history.memo): render the
     # finished jobs of the last MEMO_DAYS days ahead, once
     t0 = time.perf_counter()
     memo = 0

@@ -285,7 +285,7 @@ class Runner:
             self.slurm.drain(node, f"{OWN} maintenance")
             self.slurm.run("scontrol", "requeue", str(job_id))
         else:
-            r = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "drain", node, "--checkpoint", "--job",
+            r = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "drain", node, "--checkpoint", "--job",
                                 str(job_id), "--reason", f"{OWN} maintenance"], env=self.env, capture_output=True,
                                text=True, timeout=120)
             if r.returncode != 0:

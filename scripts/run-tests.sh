@@ -19,9 +19,9 @@ part() {  # part NAME COMMAND...
 }
 part unit+native-lab "$PY" -m pytest -q -ra
 for v in $VERSIONS; do
-    part "docker-image-$v" "$PY" -m slurm_ft.cli lab build-image --slurm "$v"
+    part "docker-image-$v" "$PY" -m slurm_ft.cli.main lab build-image --slurm "$v"
     part "docker-lab-$v" env SLURM_FT_LAB_SLURM="$v" "$PY" -m pytest -q -ra -m docker
-    "$PY" -m slurm_ft.cli lab down --engine docker --slurm "$v" >/dev/null 2>&1 || true
+    "$PY" -m slurm_ft.cli.main lab down --engine docker --slurm "$v" >/dev/null 2>&1 || true
 done
 echo "=== test summary:$summary"
 [ -z "$failed" ] || { echo "=== failed:$failed" >&2; exit 1; }

@@ -139,7 +139,7 @@ class NodeStateConfig:
     #: (root's, 0750) when missing; "" = stderr only (slurmd's log, at its debug level).
     log: str = "/var/log/slurm-ft/node.log"
     #: How a root hook (prolog, epilog, hang watcher) exits after an *unexpected* error of
-    #: slurm-ft's own (a bug; see slurm_ft.boundary): ``pass`` (exit 0: the job runs / the node
+    #: slurm-ft's own (a bug; see slurm_ft.node.boundary): ``pass`` (exit 0: the job runs / the node
     #: stays in service; the error is logged with its traceback, to syslog and counted in
     #: ``slurm_ft_internal_errors_total``) or ``drain`` (exit 1: Slurm drains the node with
     #: "Prolog error"/"Epilog error"). A failing health check drains either way.
@@ -208,7 +208,7 @@ class NotifyConfig:
 
 @dataclass(frozen=True)
 class HistoryConfig:
-    """``[history]``: the history service (slurm_ft/history_service.py), through which an ordinary
+    """``[history]``: the history service (slurm_ft/history/service.py), through which an ordinary
     user's ``ft-history`` on a login node reads their own jobs' history with a MUNGE credential."""
     #: The daemon runs the history service (a child process, on the controller host).
     serve: bool = True

@@ -57,7 +57,7 @@ def ft_history(lab):
     ``pred(history)`` holds."""
     from slurm_ft import config as config_mod
     from slurm_ft.errors import SlurmFTError
-    from slurm_ft.history import history
+    from slurm_ft.history.query import history
     from slurm_ft.journal import open_journal
     from slurm_ft.lab.demo import wait_for
 

@@ -262,7 +262,7 @@ class FakeSlurm:
 
     def run_epilogs(self, job_id: int | None = None, node: str | None = None) -> None:
         """Finish the pending node epilogs (of one job / on one node / all): each posts its verdict
-        to the node's mailbox field, as slurm_ft.epilog does; the job leaves COMPLETING with the last."""
+        to the node's mailbox field, as slurm_ft.node.epilog does; the job leaves COMPLETING with the last."""
         for job in list(self.jobs_by_id.values()):
             if job_id is not None and job.job_id != job_id:
                 continue
@@ -535,7 +535,7 @@ class FakeSlurm:
         return job
 
     def _apply(self, cmd: str, args: tuple, job_id: int | None) -> str:
-        if cmd == "squeue" and "-o" in args:   # the light full scan (slurm_ft.jobinfo.list_jobs)
+        if cmd == "squeue" and "-o" in args:   # the light full scan (slurm_ft.slurm.jobinfo.list_jobs)
             self.forget_old()
             return "".join(f"{j.job_id}|{'COMPLETING' if j.completing else j.state}|{j.reason}|{j.priority}|"
                            f"{compress_nodes(j.nodes) or '(null)'}|{j.comment or '(null)'}\n"

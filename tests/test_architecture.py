@@ -137,3 +137,25 @@ def test_the_io_check_sees_io():
     modules = _modules()
     assert "subprocess" in _stdlib_imports(modules["slurm_ft.slurm"])
     assert "sqlite3" in _stdlib_imports(modules["slurm_ft.journal.store"])
+
+
+def test_the_package_root_is_a_small_shared_core():
+    """Code lives in rooms named for where it runs; the root keeps the shared core only (issue 21:
+    at most 8 modules, ``__init__`` counted)."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert "__init__.py" in root and "config.py" in root
+    assert len(root) <= 8, root
+
+
+def test_the_architecture_map_names_every_room():
+    """docs/architecture.md opens with the map: one row per room of the package, nothing else first."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    assert doc.startswith("# Architecture\n\n## The map: rooms by where their code runs\n")
+    table = doc.split("\n## ", 2)[1]
+    rows = {line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| `")}
+    rooms = {p.name + "/" for p in PACKAGE.iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms - rows == set(), "rooms missing from the map"
+    assert rows - rooms == set(), "the map names a room that is not there"
+    for module in sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"):
+        assert f"`{module}`" in table, f"root module {module} is not in the map's root row"

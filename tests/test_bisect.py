@@ -829,7 +829,7 @@ def test_auto_bisect_only_for_unblamed_infra_or_unknown_multi_node_failures():
 def test_cli_usage_errors():
     from click.testing import CliRunner
 
-    from slurm_ft.cli import main
+    from slurm_ft.cli.main import main
     r = CliRunner().invoke(main, ["bisect", "--nodes", "n[1-"])
     assert r.exit_code == 1 and "Error:" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["bisect"])

@@ -1,4 +1,4 @@
-"""The never-raises boundary at the top of each root entry point (slurm_ft.boundary): an
+"""The never-raises boundary at the top of each root entry point (slurm_ft.node.boundary): an
 unexpected error in the prolog, the epilog, the hang watcher or the ctld hook is logged with its
 traceback to the node log, said once in syslog, counted for ``slurm_ft_internal_errors_total``,
 and the hook exits as ``[node_state] on_internal_error`` says (``pass``: 0, ``drain``: 1). The
@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from slurm_ft import boundary, config as config_mod, epilog, prolog
+from slurm_ft import config as config_mod
+from slurm_ft.node import boundary
+from slurm_ft.node import epilog
+from slurm_ft.node import prolog
 from slurm_ft.errors import ConfigError
 from slurm_ft.hang import watcher
 from slurm_ft.health.result import CheckResult
@@ -240,7 +243,7 @@ def _wrapper(tmp: Path, kind: str, flavour: str, python: str) -> Path:
     """The ``kind`` wrapper under ``tmp``: the checkout's (``<tmp>/prolog/slurm-ft-prolog``, its
     Python a link ``<tmp>/.venv/bin/python`` -> ``python``) or as ``slurm-ft install`` renders it
     (``PYTHON=python``); first on its PATH a ``logger`` that appends its arguments to ``<tmp>/syslog``."""
-    from slurm_ft import assets
+    from slurm_ft.admin import assets
     bindir = tmp / "bin"
     bindir.mkdir(exist_ok=True)
     (bindir / "logger").write_text(f'#!/bin/sh\necho "$*" >> "{tmp}/syslog"\n')

@@ -12,7 +12,7 @@ from slurm_ft.checkpoint.helper import ExitCheckpoint, exit_checkpoint
 from slurm_ft.checkpoint.http import check_bind
 from slurm_ft.errors import ConfigError
 from slurm_ft.failover import jobspec
-from slurm_ft.history import _checkpoint, render_table
+from slurm_ft.history.query import _checkpoint, render_table
 from slurm_ft.journal import open_journal
 
 
@@ -134,7 +134,7 @@ def test_history_shows_checkpoint(tmp_path):
         j.record(9, 0, "ckpt-notify", "n[1-2]", "SIGUSR2 to every task of steps 9.0; wait 60 s")
         j.record(9, 0, "ckpt-ack", "n[1-2]", "saved step=120 path=/ckpt/120")
         j.record(9, 0, "requeue", "9")
-        from slurm_ft.history import history
+        from slurm_ft.history.query import history
         h = history(j, 9)
     assert h["attempts"][0]["checkpoint"] == {"result": "saved", "step": 120, "path": "/ckpt/120",
                                               "detail": "saved step=120 path=/ckpt/120"}

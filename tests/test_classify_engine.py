@@ -59,7 +59,7 @@ def test_old_format_and_mig_and_upper_case_bus_ids():
 
 def test_xid_without_bus_id_is_unplaced():
     """An Xid naming no bus id is attributed to no job: it decides nothing, it only asks for the
-    trusted node checks (Verdict.unplaced; slurm_ft.epilog.verify_untrusted)."""
+    trusted node checks (Verdict.unplaced; slurm_ft.node.epilog.verify_untrusted)."""
     v = classify(Evidence(kernel_lines=["NVRM: Xid: 79, GPU has fallen off the bus."], job_bus_ids=frozenset({"0000:3b:00"})))
     assert v.verdict != "hardware" and not v.xids
     assert v.unplaced == ("NVRM: Xid: 79, GPU has fallen off the bus.",)

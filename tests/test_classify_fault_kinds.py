@@ -9,10 +9,10 @@ import pytest
 from slurm_ft import config as config_mod
 from slurm_ft.classify.engine import classify
 from slurm_ft.classify.model import Evidence
-from slurm_ft.epilog import verify_untrusted
+from slurm_ft.node.epilog import verify_untrusted
 from slurm_ft.failover import policy
 from slurm_ft.health.result import CheckResult
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node.job import NodeJob
 
 
 def kernel(*lines: str, **kw):

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from slurm_ft import epilog
+from slurm_ft.node import epilog
 from slurm_ft.classify import Evidence, Policy, PriorXid, classify, from_config
 from slurm_ft.classify.history import lookback_s, needs_history, prior_xids
 from slurm_ft.config import Config, JournalConfig
 from slurm_ft.journal import open_journal
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node.job import NodeJob
 
 BUS = "0000:3b:00"
 OTHER = "0000:3d:00"

@@ -398,7 +398,7 @@ def _refused(tmp_path, monkeypatch, required, mode="hold"):
 def test_prolog_refusal_of_a_pinned_job_holds_it_with_a_reason(tmp_path, monkeypatch):
     """Before: released with the node excluded, so Slurm left it pending with BadConstraints forever
     and ft-history said ``running``."""
-    from slurm_ft.history import history, render_table
+    from slurm_ft.history.query import history, render_table
 
     w, jid, node = _refused(tmp_path, monkeypatch, ["n1"])
     reason = "n1 excluded after a failed health check (gpu-count); the job requires it (--nodelist=n1)"

@@ -9,7 +9,7 @@ from slurm_ft.errors import ConfigError
 from slurm_ft.failover import jobspec, mailbox, policy
 from slurm_ft.drain import drain_reason
 from slurm_ft.slurm import split_nodes as _split_nodes
-from slurm_ft.nodejob import BadEnvironment, NodeJob, parse_gpu_list
+from slurm_ft.node.job import BadEnvironment, NodeJob, parse_gpu_list
 from slurm_ft.slurm import Job, Node, parse_kv_line
 
 
@@ -178,7 +178,7 @@ def test_node_from_json_and_kv():
 @pytest.mark.parametrize("module", ["prolog", "epilog"])
 def test_scripts_exit_0_on_bad_env_or_config(module, tmp_path, capsys):
     import importlib
-    run = importlib.import_module(f"slurm_ft.{module}").run
+    run = importlib.import_module(f"slurm_ft.node.{module}").run
     assert run({}) == 0
     bad = tmp_path / "bad.toml"
     bad.write_text("[failover]\nretries = -5\n")
@@ -188,7 +188,7 @@ def test_scripts_exit_0_on_bad_env_or_config(module, tmp_path, capsys):
 
 
 def test_expand_output_pattern():
-    from slurm_ft.output_pattern import expand_output_pattern
+    from slurm_ft.node.output_pattern import expand_output_pattern
     job = NodeJob.from_env({"SLURM_JOB_ID": "12", "SLURMD_NODENAME": "n1", "SLURM_JOB_UID": "0",
                             "SLURM_JOB_WORK_DIR": "/home/u"})
     assert expand_output_pattern("/out/%j.out", job) == "/out/12.out"

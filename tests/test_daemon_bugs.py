@@ -118,9 +118,10 @@ def test_locked_daemon_journal_neither_stalls_nor_loses_verdicts(w):
 def test_epilog_with_a_locked_node_journal_drains_and_posts_at_once(w, monkeypatch):
     """Before: the epilog waited out SQLite's 10 s busy timeout before draining and posting; the
     verdict row was lost. Now: drain and post first; the row waits in the journal's spool."""
-    from slurm_ft import epilog, slurm as slurm_mod
+    from slurm_ft import slurm as slurm_mod
+    from slurm_ft.node import epilog
     from slurm_ft.classify.model import Verdict, XidEvent
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.job import NodeJob
 
     monkeypatch.setattr(slurm_mod.Slurm, "from_config", classmethod(lambda cls, cfg: w.slurm))
     path = w.cfg.node_journal_path("n1")
@@ -379,9 +380,10 @@ def test_epilog_files_the_verdict_under_the_attempt_that_ran(tmp_path, w, monkey
     """A job requeued while running (an evacuation, a continuation): by the time the epilog
     runs, Slurm's restart count is already the next attempt's. Before: the node journal (and the
     mailbox) filed the ended attempt's verdict under the next attempt number."""
-    from slurm_ft import epilog, slurm as slurm_mod
+    from slurm_ft import slurm as slurm_mod
+    from slurm_ft.node import epilog
     from slurm_ft.classify.model import Verdict
-    from slurm_ft.nodejob import NodeJob, pop_start_marker, write_start_marker
+    from slurm_ft.node.job import NodeJob, pop_start_marker, write_start_marker
 
     monkeypatch.setattr(slurm_mod.Slurm, "from_config", classmethod(lambda cls, cfg: w.slurm))
     state = w.cfg.node_state.dir
@@ -604,10 +606,11 @@ def test_a_trusted_fault_on_a_job_that_exited_0_names_the_fault(w, monkeypatch):
     """The driver's own record says the job's GPU fell off the bus, yet the job exited 0: the
     node is drained (trusted hardware evidence) with a reason naming the fault, not
     ``clean-exit``."""
-    from slurm_ft import epilog, slurm as slurm_mod
+    from slurm_ft import slurm as slurm_mod
+    from slurm_ft.node import epilog
     from slurm_ft.classify.engine import classify
     from slurm_ft.classify.model import Evidence
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.job import NodeJob
 
     monkeypatch.setattr(slurm_mod.Slurm, "from_config", classmethod(lambda cls, cfg: w.slurm))
     record = "NVRM: GPU 0000:10:00.0: GPU has fallen off the bus."
@@ -684,7 +687,7 @@ def test_drain_checkpoint_is_the_daemons_evacuation(w):
 def test_drain_checkpoint_cli(w, monkeypatch, tmp_path):
     from click.testing import CliRunner
 
-    from slurm_ft import cli
+    from slurm_ft.cli import main as cli
     from slurm_ft.failover import evacuation
     from slurm_ft.slurm import Slurm
     jid = w.start()
@@ -719,7 +722,7 @@ def test_drain_checkpoint_reports_a_job_that_never_saves_within_its_wait(w, monk
     answers within --timeout is reported too."""
     from click.testing import CliRunner
 
-    from slurm_ft import cli
+    from slurm_ft.cli import main as cli
     from slurm_ft.failover import evacuation
     from slurm_ft.slurm import Slurm
     jid = w.start()

@@ -1,6 +1,6 @@
 """`slurm-ft daemon --log-file PATH` (issue 24, item 7): a daemon run without systemd logs to a
 root-owned file that rotates itself, never through a symlink nor into a directory another user
-can change (slurm_ft/logfile.py)."""
+can change (slurm_ft/failover/logfile.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import stat
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft import install, logfile
-from slurm_ft.cli import main
+from slurm_ft.admin import install
+from slurm_ft.failover import logfile
+from slurm_ft.cli.main import main
 
 
 @pytest.fixture

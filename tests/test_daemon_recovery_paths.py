@@ -107,7 +107,7 @@ def test_auto_bisect_off_by_default(tmp_path, monkeypatch, spawned):
 
 
 def test_spawned_bisect_command_line_is_an_argument_list():
-    """What the daemon starts: ``python -m slurm_ft.cli bisect --nodes <hostlist> --job J
+    """What the daemon starts: ``python -m slurm_ft.cli.main bisect --nodes <hostlist> --job J
     --attempt A --from-daemon`` as an argument list (no shell), in its own session."""
     from slurm_ft import config
     captured = {}
@@ -121,7 +121,7 @@ def test_spawned_bisect_command_line_is_an_argument_list():
         bisect.spawn(config.Config(), 12, 1, ["n1", "n2", "n3"])
     finally:
         subprocess.Popen = orig
-    assert captured["argv"][:5] == [sys.executable, "-I", "-u", "-m", "slurm_ft.cli"]
+    assert captured["argv"][:5] == [sys.executable, "-I", "-u", "-m", "slurm_ft.cli.main"]
     assert captured["argv"][5:] == ["bisect", "--nodes", "n[1-3]", "--job", "12", "--attempt", "1", "--from-daemon"]
     assert captured["cwd"] == "/" and set(captured["env"]) <= {"PATH", "LC_ALL", "SLURM_CONF", "SLURM_FT_CONFIG"}
     assert captured["start_new_session"] is True

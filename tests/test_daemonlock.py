@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft import daemonlock, logfmt
-from slurm_ft.cli import main
-from slurm_ft.history import command as history_command
+from slurm_ft import logfmt
+from slurm_ft.failover import daemonlock
+from slurm_ft.cli.main import main
+from slurm_ft.history.query import command as history_command
 from slurm_ft.journal import open_journal
 
 
@@ -46,7 +47,7 @@ def test_second_lock_on_the_same_journal_is_refused_and_freed_on_release(tmp_pat
 def test_lock_dies_with_its_process(tmp_path):
     journal = tmp_path / "journal.db"
     holder = subprocess.Popen([sys.executable, "-c",
-                               "import sys, time; from slurm_ft import daemonlock; "
+                               "import sys, time; from slurm_ft.failover import daemonlock; "
                                f"l = daemonlock.acquire({str(journal)!r}); print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -72,7 +73,7 @@ def test_second_daemon_command_exits_with_a_clear_error(tmp_path):
     cfg = _config(tmp_path)
     (tmp_path / "j").mkdir()
     with daemonlock.acquire(tmp_path / "j" / "journal.db"):
-        r = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "daemon", "--once", "--config", str(cfg)],
+        r = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "daemon", "--once", "--config", str(cfg)],
                            capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
@@ -89,7 +90,7 @@ def test_daemon_as_non_root_is_refused(monkeypatch, tmp_path):
 
 def test_daemon_json_logs(tmp_path):
     """--log-format json: every log line is one JSON object (here: start, the failed cycle)."""
-    r = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "daemon", "--once", "--log-format", "json",
+    r = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "daemon", "--once", "--log-format", "json",
                         "--config", str(_config(tmp_path))], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1                        # no Slurm commands in bin_dir: the cycle fails
     lines = r.stderr.strip().splitlines()

@@ -220,7 +220,7 @@ def test_package_installs_offline_into_plain_debian_and_runs():
     deb = B.cached_deb(r, client=client, log=lambda *_: None)
     base = D.build_base(client, version, log=lambda *_: None)
     script = (f"set -eu; apt-get install -y -q /pkg/{deb.name} >/dev/null 2>&1; "
-              f"{B.VENV}/bin/python -I -m slurm_ft.cli --version; slurm-ft --version; ft-history --help >/dev/null; "
+              f"{B.VENV}/bin/python -I -m slurm_ft.cli.main --version; slurm-ft --version; ft-history --help >/dev/null; "
               f"{B.VENV}/bin/python -c 'import sys; print(\"py\", \"%d.%d\" % sys.version_info[:2])'; "
               "slurm-ft install --role compute --dry-run >/dev/null; "
               "apt-get remove -y -q slurm-ft >/dev/null 2>&1; test ! -e /opt/slurm-ft && echo removed-clean")

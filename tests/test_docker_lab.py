@@ -13,7 +13,7 @@ import time
 import pytest
 
 from slurm_ft.failover import evacuation
-from slurm_ft.history import history
+from slurm_ft.history.query import history
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import ckpt_step, job_gpu_index, wait_for, wait_started
 from slurm_ft.slurm import split_nodes

@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft import assets, config as config_mod, daemonlock, doctor, install
-from slurm_ft.cli import main
+from slurm_ft import config as config_mod
+from slurm_ft.admin import assets
+from slurm_ft.failover import daemonlock
+from slurm_ft.admin import doctor
+from slurm_ft.admin import install
+from slurm_ft.cli.main import main
 from slurm_ft.health.scope import NodeFacts
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm import parse_config, parse_slurm_conf
@@ -136,7 +140,7 @@ def test_wrapper_whose_python_is_gone_fails(site):
 def test_wrapper_python_that_cannot_import_slurm_ft_fails(site):
     env = env_for(site, roles=("node",), python_probe=lambda py, mod: f"ModuleNotFoundError: No module named '{mod}'")
     checks = by_name(doctor.run(env))
-    assert checks["prolog"].status == "FAIL" and "cannot import slurm_ft.prolog" in checks["prolog"].detail
+    assert checks["prolog"].status == "FAIL" and "cannot import slurm_ft.node.prolog" in checks["prolog"].detail
 
 
 def test_prolog_setting_that_runs_something_else_fails(site):

@@ -13,11 +13,14 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from slurm_ft import boundary, config as config_mod, epilog, metrics
+from slurm_ft import config as config_mod
+from slurm_ft.node import boundary
+from slurm_ft.node import epilog
+from slurm_ft.admin import metrics
 from slurm_ft.classify import Evidence, classify, sources
 from slurm_ft.errors import EvidenceError
 from slurm_ft.health import CheckResult
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node.job import NodeJob
 from slurm_ft.nvml import fake
 from fake_slurm import FakeSlurm
 

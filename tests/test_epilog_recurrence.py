@@ -17,9 +17,9 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from slurm_ft import epilog
+from slurm_ft.node import epilog
 from slurm_ft.journal import migrations, open_journal
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node.job import NodeJob
 from slurm_ft.nvml import fake
 from fake_slurm import FakeSlurm
 

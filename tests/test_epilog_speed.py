@@ -3,7 +3,7 @@ the shapes that keep it short, checked structurally so a later change cannot qui
 
 * A clean job's epilog never imports sqlite_utils (the journal writes through plain sqlite3;
   ``Journal.db`` makes a ``sqlite_utils.Database`` only on first use) nor click.
-* A large kernel-log window is classified on grep's candidate lines (slurm_ft.epilog.classify_window)
+* A large kernel-log window is classified on grep's candidate lines (slurm_ft.node.epilog.classify_window)
   and gives exactly the verdict of the pure-Python scan."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from slurm_ft import epilog
+from slurm_ft.node import epilog
 from slurm_ft.classify import Evidence, classify, default_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,8 +51,8 @@ def test_a_clean_epilog_imports_neither_sqlite_utils_nor_click(tmp_path):
     code = ("import json, sys\n"
             "import slurm_ft.classify.sources as s\n"
             "s.read_kmsg = lambda since, **kw: []\n"          # no kernel record: the common path
-            "from slurm_ft import epilog\n"
-            "from slurm_ft.nodejob import NodeJob, write_start_marker\n"
+            "from slurm_ft.node import epilog\n"
+            "from slurm_ft.node.job import NodeJob, write_start_marker\n"
             "for job in ('1', '2'):\n"                        # the first run creates the journal
             "    env = {**%r, 'SLURM_JOB_ID': job}\n"
             "    write_start_marker(%r, NodeJob.from_env(env))\n"   # the prolog's marker: the usual path

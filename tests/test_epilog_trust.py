@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from slurm_ft import config as config_mod
 from slurm_ft.classify import Evidence, classify
-from slurm_ft.epilog import verify_untrusted
+from slurm_ft.node.epilog import verify_untrusted
 from slurm_ft.errors import SlurmFTError
 from slurm_ft.health import CheckResult
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node.job import NodeJob
 
 ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
 

@@ -398,8 +398,8 @@ def test_watcher_stops_when_the_epilog_removed_the_start_marker(tmp_path, monkey
 
 # ------------------------------------------------------------------------------ the prolog hook
 def test_prolog_starts_a_watcher_only_when_the_job_asked(tmp_path, monkeypatch):
-    from slurm_ft import prolog
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node import prolog
+    from slurm_ft.node.job import NodeJob
     started = []
     monkeypatch.setattr(wt, "start", lambda cfg, job, env, log: started.append(job.job_id))
     job = NodeJob(5, "n1", 0, 0, None, None, None, None, None, None)

@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_ft import config as config_mod
-from slurm_ft import history_format as fmt
-from slurm_ft import history_protocol, history_service
+from slurm_ft.history import format as fmt
+from slurm_ft.history import protocol as history_protocol
+from slurm_ft.history import service as history_service
 from slurm_ft.errors import SlurmCommandError
 from slurm_ft.failover import machine as m
 from slurm_ft.failover import policy
@@ -32,8 +33,8 @@ from slurm_ft.failover.marker import FRAME_CHARS, HANG_FRAMES, hang_summary
 from slurm_ft.hang import report
 from slurm_ft.hang import watcher as wt
 from slurm_ft.hang.evidence import MAX_DUMPS
-from slurm_ft.history import Selection, command, history
-from slurm_ft.history_service import Access, HistoryService, Server
+from slurm_ft.history.query import Selection, command, history
+from slurm_ft.history.service import Access, HistoryService, Server
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm import Job
 from slurm_ft.textsafe import terminal_safe
@@ -142,7 +143,7 @@ def test_the_owner_sees_the_frames_through_the_service_and_nobody_else(db):
 # ------------------------------------------------------------------------------ refused
 def test_a_report_from_anyone_but_root_is_refused_and_logged(db, caplog):
     svc = _service(db)
-    with caplog.at_level(logging.INFO, logger="slurm_ft.history_service"):
+    with caplog.at_level(logging.INFO, logger="slurm_ft.history.service"):
         reply = _body(svc.handle(FakeMunge.make(1001, _payload()), "10.0.0.9:4000"))
     assert not reply["ok"] and "only from root" in reply["error"] and "\n" not in reply["error"]
     assert _stacks(db) == []

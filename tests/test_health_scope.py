@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from slurm_ft import prolog
+from slurm_ft.node import prolog
 from slurm_ft.errors import ConfigError, SlurmCommandError
 from slurm_ft.health.config import CHECK_NAMES, from_config
 from slurm_ft.health.scope import NodeFacts, decide, node_facts, read_cache, write_cache

@@ -10,8 +10,8 @@ import sqlite3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_ft import history as H
-from slurm_ft import history_format as fmt
+from slurm_ft.history import query as H
+from slurm_ft.history import format as fmt
 from slurm_ft.journal import open_journal
 from slurm_ft.textsafe import terminal_safe
 

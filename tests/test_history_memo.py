@@ -1,4 +1,4 @@
-"""``ft-history``'s pre-rendered text of finished jobs (slurm_ft/history_memo.py, issue 26): what it
+"""``ft-history``'s pre-rendered text of finished jobs (slurm_ft/history/memo.py, issue 26): what it
 prints from the memo is byte for byte what it renders without it, for journals hypothesis makes
 (hostile names and evidence, arrays, retired records, observed actions, uids as users, every ft
 state), every option that uses the memo, and after any later change to a job's rows."""
@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_ft import history as history_mod
-from slurm_ft import history_memo
+from slurm_ft.history import query as history_mod
+from slurm_ft.history import memo as history_memo
 from slurm_ft.failover import policy
-from slurm_ft.history import FT_STATES, command
+from slurm_ft.history.query import FT_STATES, command
 from slurm_ft.journal import open_journal
 
 NOW = time.time()
@@ -209,7 +209,7 @@ def test_eligible_options_print_from_the_memo_and_the_others_never_do(tmp_path):
 def test_the_window_finds_the_same_records_through_record_last(tmp_path_factory, jobs, retire_first, back):
     """Migration 010's ``record_last`` (kept by triggers) finds every record each table's own
     time range finds, whatever rows were written, moved (a retired record) or updated later."""
-    from slurm_ft import history
+    from slurm_ft.history import query as history
     path = tmp_path_factory.mktemp("last") / "daemon.db"
     _write(path, jobs, retire_first)
     with open_journal(path) as j:        # later updates: an attempt's end, an action finished

@@ -15,14 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_ft import config as config_mod
-from slurm_ft import history as history_mod
-from slurm_ft import history_format as fmt
-from slurm_ft import history_service
-from slurm_ft.history import MAX_NODES, Selection, Viewer, command, node_steps, parse_nodelist, select
-from slurm_ft.history_protocol import BadRequest, encode_query
-from slurm_ft.history_service import Access, HistoryService, parse_query
+from slurm_ft.history import query as history_mod
+from slurm_ft.history import format as fmt
+from slurm_ft.history import service as history_service
+from slurm_ft.history.query import (
+    MAX_NODES, Selection, Viewer, command, node_steps, parse_nodelist, select)
+from slurm_ft.history.protocol import BadRequest, encode_query
+from slurm_ft.history.service import Access, HistoryService, parse_query
 from slurm_ft.journal import open_journal
-from slurm_ft.munge import Credential
+from slurm_ft.slurm.munge import Credential
 
 NOW = time.time()
 #: Any character a terminal could act on: C0/C1 controls and DEL (a line's own newline aside).

@@ -10,11 +10,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft import history as history_mod
-from slurm_ft.history import Selection, Viewer, command, parse_states, select
-from slurm_ft.history_format import parse_format
+from slurm_ft.history import query as history_mod
+from slurm_ft.history.query import Selection, Viewer, command, parse_states, select
+from slurm_ft.history.format import parse_format
 from slurm_ft.journal import open_journal
-from slurm_ft.timespec import parse_time
+from slurm_ft.slurm.timespec import parse_time
 
 NOW = time.time()
 DAY = 86400.0

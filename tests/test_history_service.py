@@ -1,4 +1,4 @@
-"""The history service (slurm_ft/history_service.py, slurm_ft/history_client.py): ordinary users'
+"""The history service (slurm_ft/history/service.py, slurm_ft/history/client.py): ordinary users'
 ``ft-history`` answered by the controller for the uid MUNGE vouches for.
 
 Generative: any request bytes, any query a user can forge, any answer a port can send -> a
@@ -25,12 +25,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurm_ft import config as config_mod
-from slurm_ft import history_client, history_protocol, history_service, munge
-from slurm_ft.history import Selection, command
-from slurm_ft.history_client import ServiceError, controllers, parse_endpoints
-from slurm_ft.history_service import Access, HistoryService, Server, parse_query, viewer_for
+from slurm_ft.history import client as history_client
+from slurm_ft.history import protocol as history_protocol
+from slurm_ft.history import service as history_service
+from slurm_ft.slurm import munge
+from slurm_ft.history.query import Selection, command
+from slurm_ft.history.client import ServiceError, controllers, parse_endpoints
+from slurm_ft.history.service import Access, HistoryService, Server, parse_query, viewer_for
 from slurm_ft.journal import open_journal
-from slurm_ft.munge import Credential, MungeError
+from slurm_ft.slurm.munge import Credential, MungeError
 
 NOW = time.time()
 #: job -> owner as Slurm recorded it; 7 has no owner on record (a verdict only)

@@ -5,7 +5,7 @@ site-packages), and hand back to ``site`` whenever the venv is not a plain one: 
 site-packages included, or a ``.pth`` file that ``site`` would run.
 
 Each case builds a real venv (``python -m venv --without-pip``) in a fake checkout whose
-``slurm_ft/<kind>.py`` prints what the hook's process sees."""
+``slurm_ft/node/<kind>.py`` prints what the hook's process sees."""
 
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ def _checkout(tmp: Path, kind: str, cfg: str = "", pth: dict[str, str] | None = 
     site = _site_packages(tmp)
     for name, text in (pth or {}).items():
         (site / name).write_text(text)
-    (tmp / "slurm_ft").mkdir()
+    (tmp / "slurm_ft" / "node").mkdir(parents=True)
     (tmp / "slurm_ft" / "__init__.py").write_text("")
-    (tmp / "slurm_ft" / f"{kind}.py").write_text(PROBE)
+    (tmp / "slurm_ft" / "node" / "__init__.py").write_text("")
+    (tmp / "slurm_ft" / "node" / f"{kind}.py").write_text(PROBE)
     wrapper = tmp / kind / f"slurm-ft-{kind}"
     wrapper.parent.mkdir()
     wrapper.write_text((ROOT / kind / f"slurm-ft-{kind}").read_text())
@@ -68,7 +69,7 @@ def test_a_plain_venv_starts_without_site_and_the_same_path(tmp_path, kind):
     wrapper = _checkout(tmp_path, kind, pth={"distutils-precedence.pth": "", "__editable__.slurm_ft-0.1.0.pth": ""})
     seen = _run(wrapper)
     assert seen["site"] is False
-    assert Path(seen["file"]).resolve() == (tmp_path / "slurm_ft" / f"{kind}.py").resolve()  # this checkout's code
+    assert Path(seen["file"]).resolve() == (tmp_path / "slurm_ft" / "node" / f"{kind}.py").resolve()  # this checkout's code
     assert Path(seen["path"][0]).resolve() == tmp_path.resolve()
     assert seen["path"][1:] == _site_path(tmp_path)       # then exactly what site would give
 

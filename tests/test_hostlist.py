@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from slurm_ft.errors import HostlistError, SlurmCommandError
-from slurm_ft.history import history
+from slurm_ft.history.query import history
 from slurm_ft.journal import open_journal
-from slurm_ft.nodejob import BadEnvironment, parse_gpu_list
+from slurm_ft.node.job import BadEnvironment, parse_gpu_list
 from slurm_ft.slurm import Job, Slurm, compress_nodes, split_indices, split_nodes
 
 

@@ -4,7 +4,7 @@ policy.visible_final, for every path that ends a job; every final state has an e
 
 from hypothesis import given, strategies as st
 
-from slurm_ft import wait
+from slurm_ft.job import wait
 from slurm_ft.failover import marker, policy
 
 RULES = ["image-pull-rejected", "image-pull-transient", "image-pull-failed", "cuda-oom", "exit-nonzero",

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from slurm_ft import config, inplace
-from slurm_ft.inplace import Record, StepEnd
+from slurm_ft import config
+from slurm_ft.job import inplace
+from slurm_ft.job.inplace import Record, StepEnd
 
 IB = ("n2:1:1 [0] ib_plugin.c:1105 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<49189> with error 12, "
       "opcode 0, len 0, vendor err 129 (Recv)\nsrun: error: n2: task 1: Killed\n")
@@ -168,7 +169,7 @@ def test_daemon_side_ignores_a_record_of_a_future_attempt_and_caps_the_count(tmp
 
 
 def test_history_shows_restarts_in_the_action_column():
-    from slurm_ft.history import _summarise
+    from slurm_ft.history.query import _summarise
     text = _summarise([{"action": "inplace-restart", "status": "done", "target": "n1",
                         "detail": "restart 1/2 in place: infra (ib-completion-error), reported by the job"},
                        {"action": "inplace-escalate", "status": "done", "target": "n1", "detail": "x"},
@@ -198,14 +199,14 @@ def test_launch_sets_kill_on_bad_exit_unless_the_job_chose():
 
 
 def test_cli_runs_the_command_and_keeps_its_status():
-    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "run", "--restarts", "1", "--delay", "0", "--",
+    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "run", "--restarts", "1", "--delay", "0", "--",
                         sys.executable, "-c", "import sys; print('OSError: [Errno 5] Input/output error'); sys.exit(4)"],
                        capture_output=True, text=True, env={k: v for k, v in os.environ.items()
                                                             if not k.startswith("SLURM")})
     assert p.returncode == 4
     assert p.stdout.count("Input/output error") == 2
     assert "restart 1/1 in place" in p.stderr and "escalating" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "run"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "run"], capture_output=True, text=True)
     assert p.returncode == 2
 
 

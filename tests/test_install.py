@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from click.testing import CliRunner
 
-from slurm_ft import assets, install
+from slurm_ft.admin import assets
+from slurm_ft.admin import install
 from slurm_ft.data import data_text
-from slurm_ft.cli import main
+from slurm_ft.cli.main import main
 from slurm_ft.lab import spank as lab_spank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ def test_install_into_a_prefix_then_again_is_idempotent(tmp_path):
         assert stat.S_IMODE(p.stat().st_mode) == mode, rel
     # the wrappers run this venv's Python, isolated, and say where they are installed
     prolog = (tmp_path / "usr/local/libexec/slurm-ft/slurm-ft-prolog").read_text()
-    assert f"PYTHON={assets.venv_python()}\n" in prolog and '"$PYTHON" -I -m slurm_ft.prolog' in prolog
+    assert f"PYTHON={assets.venv_python()}\n" in prolog and '"$PYTHON" -I -m slurm_ft.node.prolog' in prolog
     assert "Prolog=/usr/local/libexec/slurm-ft/slurm-ft-prolog" in prolog and "on_internal_error" in prolog
     assert install.marker_state(prolog) == "ours"
     # the Lua scripts are the ones the lab runs (same package data), the marker aside
@@ -216,7 +217,7 @@ def test_wrapper_execs_the_python_isolated_with_a_fixed_path(tmp_path, kind):
     script.chmod(0o755)
     r = subprocess.run([str(script)], capture_output=True, text=True, timeout=30,
                        env={"PATH": "/home/evil/bin", "SLURM_JOB_ID": "7"})
-    assert r.returncode == 0 and f"ran: -I -m slurm_ft.{kind}" in r.stdout
+    assert r.returncode == 0 and f"ran: -I -m slurm_ft.node.{kind}" in r.stdout
     assert "PATH=/usr/sbin:/usr/bin:/sbin:/bin" in r.stdout
 
 
@@ -229,7 +230,7 @@ def test_wrapper_says_loudly_when_slurm_ft_is_missing(tmp_path, kind):
     # a crash before slurm-ft's boundary: said loudly, then [node_state] on_internal_error decides
     # (default "pass": 0, so that one bad upgrade cannot drain a whole cluster; tests/test_boundary.py)
     assert r.returncode == 0
-    assert (f"slurm-ft {kind}: /opt/slurm-ft/removed-venv/bin/python -I -m slurm_ft.{kind} ended with status 127"
+    assert (f"slurm-ft {kind}: /opt/slurm-ft/removed-venv/bin/python -I -m slurm_ft.node.{kind} ended with status 127"
             in r.stderr) and "on_internal_error = pass" in r.stderr
     conf = tmp_path / "slurm-ft.toml"
     conf.write_text('[node_state]\non_internal_error = "drain"\n')

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft import install
+from slurm_ft.admin import install
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "install.md"

@@ -4,7 +4,7 @@ a job, and with it the blame for another job's GPU fault (issue 27's attribution
 
 from hypothesis import given, strategies as st
 
-from slurm_ft.jobinfo import gres_gpu_detail
+from slurm_ft.slurm.jobinfo import gres_gpu_detail
 from slurm_ft.slurm import Slurm
 
 #: ``scontrol show job -d`` of a 1-GPU job as Slurm 22.05 prints it on the lab (user values: {}).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.jobinfo import parse_show_job
+from slurm_ft.slurm.jobinfo import parse_show_job
 from slurm_ft.slurm import Job
 
 FIX = Path(__file__).parent / "fixtures" / "scontrol"
@@ -61,7 +61,7 @@ def test_forged_lines_refuse_the_parse(forge):
 # ------------------------------------------------------------------------------ generative: user text
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from slurm_ft.jobinfo import split_record  # noqa: E402
+from slurm_ft.slurm.jobinfo import split_record  # noqa: E402
 
 #: Pieces of Slurm's own syntax, mixed into arbitrary text so that forgeries are likely.
 _SYNTAX = st.sampled_from(["\n", "\n\n", "\n   ", "\n   \n\n", "   ", " ", "=", "JobId=5 JobName=x", "JobId=6 ",

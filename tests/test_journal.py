@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 
 from slurm_ft.errors import JournalError
-from slurm_ft.history import history, render_table
+from slurm_ft.history.query import history, render_table
 from slurm_ft.journal import open_journal
 from slurm_ft.journal import migrations
 
@@ -54,7 +54,7 @@ def test_newer_schema_is_refused(tmp_path):
 def test_readers_never_create_or_write_a_journal(tmp_path):
     from click.testing import CliRunner
 
-    from slurm_ft.history import command
+    from slurm_ft.history.query import command
     missing = tmp_path / "typo.db"
     r = CliRunner().invoke(command, ["-j", "1", "--journal", str(missing)])
     assert r.exit_code == 1 and "no journal here" in r.output and not missing.exists()
@@ -68,7 +68,7 @@ def test_readers_never_create_or_write_a_journal(tmp_path):
 def test_inject_xid_refuses_unknown_nodes(tmp_path):
     from click.testing import CliRunner
 
-    from slurm_ft.cli import main
+    from slurm_ft.cli.main import main
     r = CliRunner().invoke(main, ["lab", "inject-xid", "n9", "79", "--dir", str(tmp_path)])
     assert r.exit_code == 2 and "not a node of the lab" in r.output
     r = CliRunner().invoke(main, ["lab", "inject-xid", "n1", "0", "--dir", str(tmp_path)])

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_ft import doctor
+from slurm_ft.admin import doctor
 from slurm_ft.errors import JournalError
 from slurm_ft.failover import policy
 from slurm_ft.journal import boundary, open_journal

@@ -191,8 +191,10 @@ def test_doctor_metrics_and_ft_history_name_a_full_journal_disk(tmpfs, tmp_path)
     from click.testing import CliRunner
 
     from daemon_world import write_config
-    from slurm_ft import config as config_mod, doctor, metrics
-    from slurm_ft.history import command
+    from slurm_ft import config as config_mod
+    from slurm_ft.admin import doctor
+    from slurm_ft.admin import metrics
+    from slurm_ft.history.query import command
 
     path = tmpfs / "journal" / "daemon.db"
     open_journal(path).close()
@@ -276,9 +278,10 @@ def test_the_intent_word_is_typed_and_read_only_from_its_own_shape():
 
 
 def test_an_epilog_on_a_full_node_disk_names_it_and_still_posts_the_verdict(w, disk, monkeypatch):
-    from slurm_ft import epilog, slurm as slurm_mod
+    from slurm_ft import slurm as slurm_mod
+    from slurm_ft.node import epilog
     from slurm_ft.classify.model import Verdict
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.job import NodeJob
 
     monkeypatch.setattr(slurm_mod.Slurm, "from_config", classmethod(lambda cls, cfg: w.slurm))
     open_journal(w.cfg.node_journal_path("n1")).close()

@@ -29,10 +29,10 @@ from slurm_ft import config as config_mod
 from slurm_ft.classify import Evidence, classify
 from slurm_ft.classify.parse import kernel_header
 from slurm_ft.classify.table import MIN_HEADER_BYTES, kernel_headers
-from slurm_ft.epilog import verify_untrusted
+from slurm_ft.node.epilog import verify_untrusted
 from slurm_ft.health import CheckResult
 from slurm_ft.health.xid import kmsg_events
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node.job import NodeJob
 
 BUS, BUS2 = "0000:10:00", "0000:11:00"                     # the node's GPUs 0 and 1 (fake inventory)
 NODE_BUS = {BUS: 0, BUS2: 1}
@@ -456,7 +456,8 @@ def test_a_job_without_gpus_owns_none(tmp_path, monkeypatch):
     """No SLURM_JOB_GPUS: the job's bus-id set is empty, not 'every GPU of the node' (epilog, hang
     watcher, in-place restarts); a real Xid 79 on GPU 0 and another job's failing GPU check never
     make it hardware, and its own untrusted output is not confirmed by another job's GPU."""
-    from slurm_ft import epilog, inplace
+    from slurm_ft.node import epilog
+    from slurm_ft.job import inplace
     from slurm_ft.classify import sources
     from slurm_ft.hang import evidence as hang_evidence
 

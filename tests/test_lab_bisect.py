@@ -58,7 +58,7 @@ def test_bisect_finds_the_node_whose_gpu_fails_the_collective_and_drains_it(lab6
     bad = "n5"
     fake.set_gpu_field(str(lab.lay.inventory(bad)), 1, "collective_corrupt", "true")
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "bisect", "--nodes", "n[1-6]", "--json",
+    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "bisect", "--nodes", "n[1-6]", "--json",
                         "--config", str(lab.lay.ft_conf)], capture_output=True, text=True, timeout=600, env=lab.env())
     took = time.monotonic() - t0
     assert p.returncode == 0, p.stdout + p.stderr
@@ -93,7 +93,7 @@ def test_bisect_finds_the_node_whose_gpu_fails_the_collective_and_drains_it(lab6
 
 def test_bisect_with_nothing_wrong_says_so_in_one_round(lab6, slurm6):
     lab = lab6
-    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "bisect", "--nodes", "n[1-4]", "--json",
+    p = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "bisect", "--nodes", "n[1-4]", "--json",
                         "--config", str(lab.lay.ft_conf)], capture_output=True, text=True, timeout=300, env=lab.env())
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout.splitlines()[-1])
@@ -246,7 +246,7 @@ def test_a_hostile_user_on_the_meeting_ports_steers_no_verdict(lab6, slurm6):
     try:
         assert hostile.stdout.readline().strip() == "ready", hostile.stderr.read()
         fake.set_gpu_field(str(lab.lay.inventory("n5")), 1, "collective_corrupt", "true")
-        p = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "bisect", "--nodes", "n[1-6]", "--json",
+        p = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "bisect", "--nodes", "n[1-6]", "--json",
                             "--config", str(lab.lay.ft_conf)], capture_output=True, text=True, timeout=600, env=env)
     finally:
         out, err = hostile.communicate("", timeout=60)

@@ -86,10 +86,10 @@ def test_pinned_job_refused_by_the_prolog_is_held_not_bad_constraints(lab, slurm
     ``running``. Now: held with a reason, and ft-history says ``held: <reason>``."""
     import sys
 
-    from slurm_ft.history import render_table
+    from slurm_ft.history.query import render_table
 
     node = lab.nodes()[-1]
-    set_gpu = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "set-gpu", node, "0",
+    set_gpu = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "lab", "set-gpu", node, "0",
                               "row_remap_pending=true", "--dir", str(lab.lay.dir)],
                              capture_output=True, text=True, timeout=60)
     assert set_gpu.returncode == 0, set_gpu.stderr

@@ -14,7 +14,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft.cli import main
+from slurm_ft.cli.main import main
 from slurm_ft.errors import LabError
 from slurm_ft.lab import cluster
 from slurm_ft.lab.cluster import Lab, check_lab_dir, write_file

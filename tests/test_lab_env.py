@@ -7,7 +7,7 @@ import shlex
 
 from click.testing import CliRunner
 
-from slurm_ft.cli import main
+from slurm_ft.cli.main import main
 
 
 def test_lab_env_exports_the_dir_and_lab_commands_follow_it(tmp_path):

@@ -52,7 +52,7 @@ def test_admin_drain_reason_is_never_overwritten(lab, slurm):
 def test_health_check_program_drains_and_auto_resumes(lab, slurm, tmp_path):
     from click.testing import CliRunner
 
-    from slurm_ft.cli import main
+    from slurm_ft.cli.main import main
     conf = tmp_path / "ft.toml"
     conf.write_text(lab.lay.ft_conf.read_text().replace("[failover]\n", "[failover]\nauto_resume = true\n"))
     env = {"SLURM_CONF": str(lab.lay.slurm_conf)}
@@ -97,7 +97,7 @@ def test_degrading_gpu_under_running_job_checkpoints_and_moves_it(lab, slurm, ft
 
     from click.testing import CliRunner
 
-    from slurm_ft.cli import main
+    from slurm_ft.cli.main import main
     from slurm_ft.lab.demo import ckpt_step, job_gpu_index, wait_for, wait_started
     sub = submit_training(lab, steps=400, comment="ft:ckpt_wait=30")   # the ack ends the wait early
     first = wait_started(slurm, sub)

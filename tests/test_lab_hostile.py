@@ -155,7 +155,7 @@ def test_owner_comment_rewrite_does_not_change_what_an_evacuation_spends(lab, sl
     job = slurm.wait_job(job_id, lambda j: j.state == "RUNNING", 30)
     attack = f"ft:retries=100 {job.comment}"
     run_as(LAB_USER, ["/usr/bin/scontrol", "update", f"JobId={job_id}", f"Comment={attack}"], lab.env())
-    out = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "drain", job.nodes, "--checkpoint",
+    out = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "drain", job.nodes, "--checkpoint",
                           "--config", str(lab.lay.ft_conf)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, **lab.env()})
     assert "requeued excluding" in out.stdout, out.stdout + out.stderr
@@ -189,14 +189,14 @@ def test_fault_storm_trips_the_circuit_breaker(lab, slurm, ft_history):
             assert again is not None, f"job {sub.job_id} not failed over"
         drained = [n.name for n in slurm.nodes() if n.drained and n.reason.startswith("slurm-ft:")]
         assert len(drained) == 1, drained
-        status = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "breaker", "status", "--config", str(conf)],
+        status = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "breaker", "status", "--config", str(conf)],
                                 capture_output=True, text=True, timeout=30, env={**os.environ, **lab.env()})
         assert status.returncode == 3 and "OPEN" in status.stdout, status.stdout + status.stderr
         for sub in (a, b):
             slurm.run("scancel", str(sub.job_id))
     finally:
         conf.write_text(saved)
-        subprocess.run([sys.executable, "-m", "slurm_ft.cli", "breaker", "reset", "--config", str(conf)],
+        subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "breaker", "reset", "--config", str(conf)],
                        capture_output=True, timeout=30, env={**os.environ, **lab.env()})
         lab.daemon_start()
 

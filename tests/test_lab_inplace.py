@@ -11,7 +11,7 @@ import time
 import pytest
 
 from slurm_ft import config as config_mod
-from slurm_ft import inplace
+from slurm_ft.job import inplace
 from slurm_ft.hang.procs import scan, tasks
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import wait_for
@@ -66,7 +66,7 @@ def test_infra_failures_restart_in_place_twice_then_escalate_to_a_requeue(lab, s
     with open_journal(cfg.journal.path) as j:
         assert {v["verdict"] for v in j.verdicts(job_id, 0)} <= {"infra", "unknown"}
         assert any(v["verdict"] == "infra" for v in j.verdicts(job_id, 0))
-    # the daemon journals the wrapper's record (slurm_ft.inplace.record_restarts): ft-history
+    # the daemon journals the wrapper's record (slurm_ft.job.inplace.record_restarts): ft-history
 
     def restarts():
         with open_journal(cfg.journal.path) as j:

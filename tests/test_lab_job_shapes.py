@@ -46,7 +46,7 @@ def run_line(lab, workdir: Path, line: str) -> int:
 
 
 def cli(lab, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slurm_ft.cli", *args], env=lab.env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", *args], env=lab.env(), capture_output=True,
                           text=True, timeout=120)
 
 
@@ -228,14 +228,14 @@ def test_job_name_in_the_output_pattern_is_diagnosed_like_the_job_id(lab, ft_his
 
 def test_every_filename_pattern_escape_expands_to_the_file_slurm_wrote(lab, slurm, workdir):
     """Slurm's own expansion on the lab (22.05), escape by escape: the file slurmstepd created for
-    a plain job and for an array task is the path the epilog expands (slurm_ft.output_pattern.expand_pattern),
+    a plain job and for an array task is the path the epilog expands (slurm_ft.node.output_pattern.expand_pattern),
     including ``%a`` of a job that is no array task (Slurm's NO_VAL), widths, and ``%N``: the host's
     short name (measured: ``vm`` for node n1), not the NodeName."""
     import socket
 
-    from slurm_ft.output_pattern import expand_pattern
+    from slurm_ft.node.output_pattern import expand_pattern
     from slurm_ft.lab.users import LAB_USER, ensure_user, run_as
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.job import NodeJob
 
     ensure_user()
     name = f"pat{time.time_ns() % 10**9}"

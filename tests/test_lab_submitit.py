@@ -204,7 +204,7 @@ def test_submitit_hardware_failover(lab, slurm, run, ft_history):
 def test_submitit_drain_checkpoint(lab, slurm, run, ft_history):
     job, ckpt = run(steps=40, step_time=0.5, timeout_min=60)   # 60: a drain is a "preemption" for submitit
     first = running_with_progress(slurm, job, ckpt)
-    r = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "drain", first.nodes, "--checkpoint",
+    r = subprocess.run([sys.executable, "-m", "slurm_ft.cli.main", "drain", first.nodes, "--checkpoint",
                         "--job", str(first.job_id), "--reason", "maintenance: submitit"],
                        env=lab.env(), capture_output=True, text=True, timeout=120)
     print(r.stdout + r.stderr)

@@ -1,7 +1,7 @@
 """An ordinary user's own history on the real lab (issues 25 and 26): the lab's ordinary user runs
 ``ft-history`` with the defaults -- no ``[journal] read_group``, no ``[history] endpoint``; the
 journal is root's (0600) -- and gets it from the history service the lab's daemon runs
-(slurm_ft/history_service.py), found through ``SlurmctldHost`` and authenticated with the real
+(slurm_ft/history/service.py), found through ``SlurmctldHost`` and authenticated with the real
 munged: their own job with its evidence lines (``--detail``, exactly what root reads from the
 file), not root's.
 """
@@ -63,7 +63,7 @@ def test_user_sees_own_history_not_roots(lab, slurm, ft_history):
     assert re.search(rf"^Job {mine} \(uh-mine\): ft state user-error.*user {LAB_USER}", detail.stdout, re.M)
     assert re.search(r"^\s+n\d user \(cuda-oom\): ", detail.stdout, re.M), detail.stdout
     # the evidence lines as root reads them from the file: the service gives the owner the same view
-    as_root = subprocess.run([sys.executable, "-m", "slurm_ft.history", "-j", str(mine), "--detail"],
+    as_root = subprocess.run([sys.executable, "-m", "slurm_ft.history.query", "-j", str(mine), "--detail"],
                              capture_output=True, text=True, timeout=90, env=lab.env(), cwd="/")
     assert as_root.returncode == 0 and as_root.stdout == detail.stdout, (as_root.stdout, detail.stdout)
 

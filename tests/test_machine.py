@@ -372,9 +372,9 @@ def test_a_saved_ack_counts_only_as_the_answer_to_slurm_fts_signal():
 
 def test_slurms_failed_node_is_read_from_scontrol_show_job():
     """``FailedNode=`` (``scontrol show job``, Slurm >= 23.02; absent on 22.05) is the job's own
-    word from slurmctld on which node failed: parsed in one place (slurm_ft.jobinfo) into
+    word from slurmctld on which node failed: parsed in one place (slurm_ft.slurm.jobinfo) into
     ``Job.failed_nodes``; 24.11 JSON's ``failed_node`` reads the same."""
-    from slurm_ft.jobinfo import parse_show_job
+    from slurm_ft.slurm.jobinfo import parse_show_job
 
     text = ("JobId=5 JobName=train\n   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A\n"
             "   JobState=PENDING Reason=BeginTime FailedNode=c1 Dependency=(null)\n"

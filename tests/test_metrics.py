@@ -10,8 +10,10 @@ from pathlib import Path
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_ft import config as config_mod, daemonlock, metrics
-from slurm_ft.cli import main
+from slurm_ft import config as config_mod
+from slurm_ft.failover import daemonlock
+from slurm_ft.admin import metrics
+from slurm_ft.cli.main import main
 from slurm_ft.errors import SlurmCommandError
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm import Node
@@ -160,7 +162,7 @@ def test_cli_serves_metrics(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.cli", "metrics", "--no-slurm", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.cli.main", "metrics", "--no-slurm", "--port", str(port),
                              "--config", str(cfg_path)], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 20

@@ -10,7 +10,9 @@ import threading
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from slurm_ft import boundary, config as config_mod, metrics
+from slurm_ft import config as config_mod
+from slurm_ft.node import boundary
+from slurm_ft.admin import metrics
 from slurm_ft.slurm import Node
 
 

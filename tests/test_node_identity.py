@@ -1,7 +1,7 @@
 """Node-side job identity (issue 20): the node journal files a verdict under (job id, attempt),
 and Slurm hands a job id out again after a state loss. The epilog tells a reused id by the
 attempt's start, which only slurmd (``SLURM_JOB_START_TIME``, 23.02+) or slurm-ft's own prolog
-(the root-written start marker, 22.05) sets, never the job (slurm_ft.nodejob.node_key,
+(the root-written start marker, 22.05) sets, never the job (slurm_ft.node.job.node_key,
 slurm_ft.journal.identity.observe_node)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_ft import epilog
+from slurm_ft.node import epilog
 from slurm_ft import slurm as slurm_mod
 from slurm_ft.classify.model import Verdict
 from slurm_ft.journal import identity, open_node_journal
-from slurm_ft.nodejob import NodeJob, node_key, pop_start_marker, write_start_marker
+from slurm_ft.node.job import NodeJob, node_key, pop_start_marker, write_start_marker
 from daemon_world import World
 
 #: What slurmd sets in the Prolog/Epilog environment from the job's record (the job picks the
@@ -87,7 +87,7 @@ def w(tmp_path, monkeypatch):
 
 
 def _epilog(w, job_id: int, attempt: int, start: float | None, verdict: str = "user"):
-    """The epilog's journaling of one verdict on n1 (slurm_ft.epilog.record_verdict), for an
+    """The epilog's journaling of one verdict on n1 (slurm_ft.node.epilog.record_verdict), for an
     attempt the prolog marked at ``start``."""
     rule = {"user": "python-traceback", "ok": "clean-exit"}[verdict]
     job = NodeJob(job_id, "n1", attempt, 1000, None, 1 if verdict != "ok" else 0, None, None, None, None)

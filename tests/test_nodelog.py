@@ -1,4 +1,4 @@
-"""The node log (``[node_state] log``, slurm_ft.nodelog): on by default at a root-owned path, its
+"""The node log (``[node_state] log``, slurm_ft.node.log): on by default at a root-owned path, its
 directory created when missing (0750, never through a symlink), a log that cannot be written said
 once on stderr (slurmd's log), one line per message."""
 
@@ -10,9 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_ft import config as config_mod, nodelog
+from slurm_ft import config as config_mod
+from slurm_ft.node import log as nodelog
 from slurm_ft.errors import ConfigError
-from slurm_ft.nodelog import NodeLog
+from slurm_ft.node.log import NodeLog
 
 JOB = SimpleNamespace(job_id=7, attempt=0, node="n1")
 

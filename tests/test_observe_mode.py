@@ -348,7 +348,7 @@ def test_observe_mode_changes_nothing_in_slurm_and_journals_each_would_be_action
 
 
 def test_observed_decisions_are_said_so_in_ft_history(tmp_path, monkeypatch):
-    from slurm_ft.history import history, render_table
+    from slurm_ft.history.query import history, render_table
 
     w = _world(World, tmp_path, 'mode = "observe"', monkeypatch)
     jid = _xid79(w)
@@ -383,9 +383,9 @@ def _node_cfg(tmp_path, mode="observe"):
 
 
 def test_prolog_observes_its_refusal_and_lets_the_job_start(tmp_path, monkeypatch):
-    from slurm_ft import prolog
+    from slurm_ft.node import prolog
     from slurm_ft.health.result import CheckResult
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.job import NodeJob
 
     s = _observing(monkeypatch)
     failing = [CheckResult("row_remap", "fail", 0, "GPU0 row remap pending", None, "")]

@@ -2,7 +2,7 @@
 
 The reference below is written from sbatch(1) "filename pattern" and slurmstepd's
 ``fname_create``/``remove_path_slashes`` (src/slurmd/common/fname.c), independently of
-``slurm_ft.epilog``: a regex over the whole escape, not a scanner. Generative tests hold the
+``slurm_ft.node.epilog``: a regex over the whole escape, not a scanner. Generative tests hold the
 epilog's expansion to it over patterns nobody wrote by hand.
 """
 
@@ -14,9 +14,10 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from slurm_ft import epilog
-from slurm_ft.output_pattern import PatternError, expand_output_pattern, expand_pattern, pattern_needs_job_record
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node import epilog
+from slurm_ft.node.output_pattern import (
+    PatternError, expand_output_pattern, expand_pattern, pattern_needs_job_record)
+from slurm_ft.node.job import NodeJob
 
 NO_VAL = 4294967294
 
@@ -155,7 +156,7 @@ class FakeSlurm:
         self.text, self.calls = text, 0
 
     def job(self, job_id):
-        from slurm_ft.jobinfo import parse_show_job
+        from slurm_ft.slurm.jobinfo import parse_show_job
         from slurm_ft.slurm import Job
         self.calls += 1
         raw = parse_show_job(self.text, job_id)

@@ -87,7 +87,7 @@ def test_installed_package_installs_every_file_the_guide_names(unpacked, tmp_pat
     prefix = tmp_path / "root"
     code = (f"import sys; sys.path.insert(0, {str(unpacked)!r}); import slurm_ft; "
             f"assert slurm_ft.__file__.startswith({str(unpacked)!r}), slurm_ft.__file__; "
-            "from slurm_ft.cli import main; main()")
+            "from slurm_ft.cli.main import main; main()")
     argv = ["install", "--prefix", str(prefix), "--slurm-conf-dir", "/etc/slurm", "--slurm-user", "root",
             "--role", "controller", "--role", "compute", "--role", "login"]
     r = subprocess.run([sys.executable, "-I", "-c", code, *argv], capture_output=True, text=True, timeout=120)

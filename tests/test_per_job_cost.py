@@ -22,7 +22,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_ft import prolog
+from slurm_ft.node import prolog
 from slurm_ft.errors import JournalError
 from slurm_ft.journal import open_journal
 from slurm_ft.nvml.fake import write_inventory
@@ -89,9 +89,9 @@ def _health_rows(root: Path, job_id: int) -> list[dict]:
 
 
 def _run_prolog(env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``python -I -m slurm_ft.prolog`` as the wrapper runs it; returns once its stdout and stderr
+    """``python -I -m slurm_ft.node.prolog`` as the wrapper runs it; returns once its stdout and stderr
     are closed (as slurmd waits for them)."""
-    return subprocess.run([sys.executable, "-I", "-m", "slurm_ft.prolog"], env=env, cwd=str(ROOT),
+    return subprocess.run([sys.executable, "-I", "-m", "slurm_ft.node.prolog"], env=env, cwd=str(ROOT),
                           capture_output=True, text=True, timeout=60)
 
 
@@ -143,7 +143,8 @@ def test_an_error_in_the_detached_work_is_reported_not_returned(tmp_path, monkey
     import dataclasses
     import syslog
 
-    from slurm_ft import boundary, config as config_mod
+    from slurm_ft import config as config_mod
+    from slurm_ft.node import boundary
 
     monkeypatch.setattr(syslog, "openlog", lambda *a, **k: None)
     monkeypatch.setattr(syslog, "syslog", lambda *a: None)

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from daemon_world import XID79, World
 from slurm_ft.failover import policy, reconcile
-from slurm_ft.history import history
+from slurm_ft.history.query import history
 from slurm_ft.slurm import parse_boot_time
 
 

@@ -368,7 +368,7 @@ class _ReportSlurm:
 
 
 def test_ft_history_names_the_repair_steps(tmp_path):
-    from slurm_ft.history import _summarise
+    from slurm_ft.history.query import _summarise
 
     rows = [{"action": "remediate-reboot", "target": "n1", "status": "done", "detail": "{}"},
             {"action": "remediate-pass", "target": "n1", "status": "done", "detail": "{}"},
@@ -378,7 +378,7 @@ def test_ft_history_names_the_repair_steps(tmp_path):
 
 def test_metrics_count_the_repair_steps(tmp_path):
     from slurm_ft.journal import open_journal
-    from slurm_ft.metrics import journal_counts
+    from slurm_ft.admin.metrics import journal_counts
 
     with open_journal(tmp_path / "d.db") as j:
         for kind in ("reboot", "fail", "reboot", "pass"):

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_ft import config as config_mod
-from slurm_ft.cli import main
+from slurm_ft.cli.main import main
 from slurm_ft.journal import open_journal
 from slurm_ft.report import collect, reason_category, render, write_report
 from slurm_ft.report.nodeset import fold
@@ -265,7 +265,7 @@ def test_cli_output_without_permission_is_one_line_exit_1(world_dir):  # noqa: F
     locked.mkdir(mode=0o755)                       # root's; uid 65534 may not create files in it
     for target in (locked / "r.html", "/root/r.html"):
         r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                            "slurm_ft.cli", "report", "-o", str(target)], capture_output=True, text=True, timeout=60,
+                            "slurm_ft.cli.main", "report", "-o", str(target)], capture_output=True, text=True, timeout=60,
                            cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8"})
         assert r.returncode == 1, r
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

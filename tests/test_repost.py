@@ -213,8 +213,8 @@ def test_a_verdict_the_daemon_had_read_is_reposted_without_a_second_failover(w):
 def test_the_prolog_checks_in_its_detached_part_only_when_due(tmp_path, monkeypatch):
     """A passing prolog: nothing posted on the node, no work at all; a ledger due for a check, the
     check goes to the detached part (``later``), never before the job starts."""
-    from slurm_ft import prolog
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node import prolog
+    from slurm_ft.node.job import NodeJob
 
     cfg, slurm = Cfg(str(tmp_path)), FieldSlurm()
     monkeypatch.setattr("slurm_ft.slurm.Slurm.from_config", classmethod(lambda cls, c: slurm))

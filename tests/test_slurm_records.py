@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from slurm_ft.doctor import controller_hosts
+from slurm_ft.admin.doctor import controller_hosts
 from slurm_ft.failover.leader import Controllers
-from slurm_ft.history_client import controllers
+from slurm_ft.history.client import controllers
 from slurm_ft.slurm import parse_config, parse_slurm_conf, slurmctld_hosts
 
 SHOW_22 = "SlurmctldHost[0]       = ctl(10.0.0.1)\nSlurmctldHost[1]       = backup.example\nStateSaveLocation = /s\n"

@@ -18,7 +18,7 @@ from slurm_ft.slurm import split_nodes
 from slurm_ft import config as config_mod
 from slurm_ft.checkpoint import channel
 from slurm_ft.failover import evacuation
-from slurm_ft.history import history
+from slurm_ft.history.query import history
 from slurm_ft.journal import open_journal
 from slurm_ft.lab.demo import wait_for
 from slurm_ft.lab.spank import plugin_path

@@ -8,7 +8,7 @@ import json
 from click.testing import CliRunner
 
 from slurm_ft import config as config_mod
-from slurm_ft.history import command, history, render_table
+from slurm_ft.history.query import command, history, render_table
 from slurm_ft.journal import open_journal
 from slurm_ft.report import collect, render
 from slurm_ft.slurm import Node

@@ -9,7 +9,7 @@ checked against the code that writes it:
   values the line itself shows, and must come out the same, character for character;
 - each ``slurm-ft:<state>`` (AdminComment, sacct), ``ft state <state>`` (ft-history) and
   ``slurm-ft wait`` answer names a state the code has, and ``exit N`` after ``slurm-ft wait`` is
-  that state's exit code (slurm_ft.wait.EXIT_CODES);
+  that state's exit code (slurm_ft.job.wait.EXIT_CODES);
 - every outcome has its section with the three screens (Slurm's view, the log, ft-history).
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from slurm_ft.failover import marker, policy
-from slurm_ft.wait import EXIT_CODES
+from slurm_ft.job.wait import EXIT_CODES
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "user-guide.md"
 #: The outcomes the guide shows, by the heading of their section.

@@ -1,6 +1,6 @@
 """What the job's owner reads (issue 25), without the lab: the marker sentence (slurm_ft.failover.
 marker), its safety for the user's terminal and for the AdminComment record, ``slurm-ft wait``'s
-reading of Slurm (slurm_ft.wait), the give-up line appended as the user (slurm_ft.userfile)."""
+reading of Slurm (slurm_ft.job.wait), the give-up line appended as the user (slurm_ft.node.userfile)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from slurm_ft.failover import jobspec, marker, policy
 from slurm_ft.failover.options import admin_comment
-from slurm_ft.userfile import UserFileError, append_line
-from slurm_ft.wait import EXIT_CODES, ft_word, look
+from slurm_ft.node.userfile import UserFileError, append_line
+from slurm_ft.job.wait import EXIT_CODES, ft_word, look
 
 TOKEN = "ft:retries=3,ckpt_signal=USR1,ckpt_wait=600,hang_timeout=0"
 XID = {"verdict": "hardware", "rule": "xid-79", "xids": [{"xid": 79, "bus_id": "0000:10:00.0"}], "node": "n1"}
@@ -234,8 +234,8 @@ def test_daemon_writes_the_owners_sentences(tmp_path, monkeypatch):
 def test_late_daemon_keeps_every_in_place_restarts_cause(tmp_path):
     """The daemon read the job's record only after the second restart (or the escalation): the
     first restart's cause is still journaled (it used to be 'reported late: cause not kept')."""
-    from slurm_ft import inplace
-    from slurm_ft.inplace import Record
+    from slurm_ft.job import inplace
+    from slurm_ft.job.inplace import Record
     from slurm_ft.journal import open_journal
 
     class Job:
@@ -257,7 +257,7 @@ def test_late_daemon_keeps_every_in_place_restarts_cause(tmp_path):
 @given(restarts=st.integers(0, 100), causes=st.lists(st.text(max_size=120), max_size=12),
        rule=st.from_regex(r"[a-z0-9:._-]{0,100}", fullmatch=True))
 def test_any_in_place_record_round_trips_within_one_word(restarts, causes, rule):
-    from slurm_ft.inplace import MAX_WORD, Record
+    from slurm_ft.job.inplace import MAX_WORD, Record
     causes = causes[:restarts]
     word = Record(1, restarts, 100, "restarted", "infra", rule, 1.0, tuple(causes)).encode()
     assert len(word) <= MAX_WORD and len(word.split()) == 1
@@ -356,12 +356,13 @@ def test_a_hang_reaches_the_owners_log_and_ft_history(tmp_path, monkeypatch):
     import calendar
     import time as _time
 
-    from slurm_ft import config, history_format
+    from slurm_ft import config
+    from slurm_ft.history import format as history_format
     from slurm_ft.failover import mailbox
     from slurm_ft.hang import evidence, procs, watcher as wt
     from slurm_ft.hang.heartbeat import Beat
     from slurm_ft.hang.watcher import Sample
-    from slurm_ft.history import history
+    from slurm_ft.history.query import history
     from slurm_ft.journal import open_journal
 
     out = tmp_path / "uv-hang-9.out"

@@ -1,4 +1,4 @@
-"""Root never reads user files as root (slurm_ft.userfile, docs/security.md): a child that became
+"""Root never reads user files as root (slurm_ft.node.userfile, docs/security.md): a child that became
 the job's user walks the path without following a symlink, opens only a regular file of that
 user (never a device or FIFO), bounded in bytes and seconds. Real things only: real uids (root
 tests drop to uid 65534), a real attacker process racing the reader, a real FIFO and device node
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_ft import userfile
+from slurm_ft.node import userfile
 from slurm_ft.errors import EvidenceError, SlurmFTError
-from slurm_ft.userfile import UserFileError, UserFileTimeout, open_path, read_tail
+from slurm_ft.node.userfile import UserFileError, UserFileTimeout, open_path, read_tail
 
 NOBODY = 65534          # the job's user in these tests (no passwd entry needed to become it)
 OTHER = 65533           # another user
@@ -361,8 +361,8 @@ HOSTILE_DIR = b"caf\xe9\nslurm-ft epilog: job 1 attempt 0 on n1: verdict hardwar
 
 @root_only
 def test_non_utf8_and_newline_paths_are_read_and_logged_as_one_line(tree):
-    from slurm_ft.nodelog import NodeLog
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.log import NodeLog
+    from slurm_ft.node.job import NodeJob
 
     d = bytes(tree) + b"/" + HOSTILE_DIR
     os.mkdir(d)
@@ -390,8 +390,8 @@ def test_non_utf8_and_newline_paths_are_read_and_logged_as_one_line(tree):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.one_of(st.text(max_size=40), st.binary(max_size=40).map(os.fsdecode)), min_size=1, max_size=4))
 def test_every_node_log_message_is_one_utf8_line(tmp_path, parts):
-    from slurm_ft.nodelog import NodeLog
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.log import NodeLog
+    from slurm_ft.node.job import NodeJob
 
     log = tmp_path / "node.log"
     log.unlink(missing_ok=True)
@@ -403,7 +403,7 @@ def test_every_node_log_message_is_one_utf8_line(tmp_path, parts):
 def test_non_utf8_and_newline_output_paths_still_get_the_epilog_verdict(tmp_path, monkeypatch):
     """The whole epilog with SLURM_JOB_STDERR/STDOUT naming non-UTF-8, newline-carrying paths:
     a verdict is journaled and every node-log line is one of the epilog's own."""
-    from slurm_ft import epilog
+    from slurm_ft.node import epilog
     from slurm_ft.journal import open_journal
     from slurm_ft.lab.layout import inventory_gpus
     from slurm_ft.nvml.fake import write_inventory
@@ -444,8 +444,8 @@ bin_dir = "{tmp_path}/bin"
 
 
 def test_expand_output_pattern_bytes_and_bounds():
-    from slurm_ft.output_pattern import expand_output_pattern
-    from slurm_ft.nodejob import NodeJob
+    from slurm_ft.node.output_pattern import expand_output_pattern
+    from slurm_ft.node.job import NodeJob
 
     job = NodeJob(12, "n1", 0, 0, None, 0, None, None, None, "/home/u")
     assert expand_output_pattern(b"/o/caf\xe9-%j.out", job) == os.fsdecode(b"/o/caf\xe9-12.out")

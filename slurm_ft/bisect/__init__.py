@@ -89,13 +89,13 @@ def auto_bisect_wanted(cfg, decision, job_nodes: list[str]) -> bool:
 
 
 def spawn(cfg, job_id: int, attempt: int, nodes: list[str]) -> subprocess.Popen:
-    """Start ``python -I -u -m slurm_ft.cli bisect --nodes ... --job J --attempt A`` as a child
+    """Start ``python -I -u -m slurm_ft.cli.main bisect --nodes ... --job J --attempt A`` as a child
     process (what the daemon does: a bisect takes minutes and must not hold a daemon cycle), in
     ``/`` with a minimal environment (fixed ``PATH``, ``LC_ALL``, and the daemon's
     ``SLURM_CONF``/``SLURM_FT_CONFIG`` when set): root never runs Python that a working directory
     or a ``PYTHON*`` variable could redirect. Its output goes to the daemon's stderr."""
     from slurm_ft.slurm import SAFE_PATH, compress_nodes
-    argv = [sys.executable, "-I", "-u", "-m", "slurm_ft.cli", "bisect", "--nodes", compress_nodes(nodes),
+    argv = [sys.executable, "-I", "-u", "-m", "slurm_ft.cli.main", "bisect", "--nodes", compress_nodes(nodes),
             "--job", str(job_id), "--attempt", str(attempt), "--from-daemon"]
     if cfg.source:
         argv += ["--config", cfg.source]

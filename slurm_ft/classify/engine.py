@@ -515,7 +515,7 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
     # Highest priority wins, ties to the earliest line; but trusted hardware evidence beats
     # untrusted (job output) hardware evidence whatever their priorities.  Untrusted hardware
     # evidence alone never drains or resets: its action becomes "verify" (the epilog then runs
-    # the trusted GPU checks, see slurm_ft/epilog.py and docs/security.md).  Likewise trusted
+    # the trusted GPU checks, see slurm_ft/node/epilog.py and docs/security.md).  Likewise trusted
     # evidence that proves the fault (a node action) beats trusted evidence that is no proof by
     # itself (an Xid the catalog says "depends": action "verify").
     win = max(cands, key=lambda c: (c.priority, -c.pos)) if cands else None

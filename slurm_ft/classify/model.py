@@ -111,7 +111,7 @@ class Evidence:
       (:func:`slurm_ft.classify.parse.kernel_header`); anything else in it is text.
     kernel_log_error: why the kernel log could not be read ("" when it was, or when no kernel log
       was asked for): kernel_lines are then empty for want of a source, not for want of a fault
-      (the epilog then runs the trusted GPU checks: :func:`slurm_ft.epilog.verify_untrusted`).
+      (the epilog then runs the trusted GPU checks: :func:`slurm_ft.node.epilog.verify_untrusted`).
     """
 
     kernel_lines: list[str] | tuple[str, ...] = ()
@@ -126,9 +126,9 @@ class Evidence:
     kernel_records: bool = False
     kernel_log_error: str = ""
     #: ``output not read: <reason>`` lines, one per job output the epilog could not read (an
-    #: unexpandable filename pattern, a file it may not read; slurm_ft.epilog.read_outputs):
+    #: unexpandable filename pattern, a file it may not read; slurm_ft.node.epilog.read_outputs):
     #: stderr_tail then lacks it for want of a source. The epilog adds them to the verdict's
-    #: evidence (slurm_ft.epilog.with_unread_outputs).
+    #: evidence (slurm_ft.node.epilog.with_unread_outputs).
     output_unread: tuple[str, ...] = ()
     #: This node's earlier job ends (:class:`PriorCrash`, or plain ``(time, rule, job_id, user)``
     #: tuples) for recurrence rules (:mod:`.recurrence`): the epilog fills them from the node
@@ -153,7 +153,7 @@ class Verdict:
     unplaced: kernel records that suggest hardware but name no GPU of this job or node (an Xid
       without a bus id, a bus id the node's GPU map does not hold, a driver message with an RM
       GPU number): attributed to no job, they decide nothing; the epilog runs the trusted node
-      checks for them (:func:`slurm_ft.epilog.verify_untrusted`).  At most
+      checks for them (:func:`slurm_ft.node.epilog.verify_untrusted`).  At most
       :data:`MAX_EVIDENCE_LINES` lines.
     """
 

@@ -9,7 +9,7 @@ seconds, the verdict becomes the rule's (``hardware`` with action ``verify``).
 
 Trust (docs/security.md): the counted evidence is the jobs' own output, which their users
 control, so a recurrence only makes the node *suspect*: action ``verify`` sends the epilog to the
-trusted GPU checks (:func:`slurm_ft.epilog.verify_untrusted`); only a failing check drains the
+trusted GPU checks (:func:`slurm_ft.node.epilog.verify_untrusted`); only a failing check drains the
 node (``verified:node-crash-recurring``), otherwise the verdict is ``unknown``
 (``unverified:node-crash-recurring``) and the job is retried elsewhere without blame within
 ``[failover] unblamed_retries``.  Requiring distinct *users* means one user alone can never make

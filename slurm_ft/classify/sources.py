@@ -3,7 +3,7 @@
 * :func:`read_kmsg`: kernel log records since a ``time.monotonic()`` value, from ``/dev/kmsg``
   (Documentation/ABI/testing/dev-kmsg), falling back to ``dmesg``.
 * :func:`read_tail_safely`: the tail of a job's output file, read as the job's user
-  (:mod:`slurm_ft.userfile`).
+  (:mod:`slurm_ft.node.userfile`).
 
 Neither follows the environment: no ``$PATH`` lookup (``dmesg`` is called by absolute path with an
 argv list and a timeout).  Failures raise :class:`slurm_ft.errors.EvidenceError`.
@@ -154,14 +154,14 @@ def read_tail_safely(path: str | bytes, *, expected_uid: int | None, max_bytes: 
     non-UTF-8 name as surrogate escapes), decoded as UTF-8 (errors replaced); when ``max_bytes`` were
     read (the file may be longer) the partial first line is dropped.
 
-    Read by :func:`slurm_ft.userfile.read_tail`: a child that became the job's user
+    Read by :func:`slurm_ft.node.userfile.read_tail`: a child that became the job's user
     (``expected_uid``; ``gid``, default the uid's passwd group) walks the path without following
     any symlink, opens only a regular file owned by ``expected_uid`` (a device or FIFO is never
     opened) and answers within ``deadline_s`` seconds or is killed. ``expected_uid`` None is
     refused: no read without the job's uid. Raises :class:`EvidenceError`
-    (:class:`slurm_ft.userfile.UserFileError`) with the reason.
+    (:class:`slurm_ft.node.userfile.UserFileError`) with the reason.
     """
-    from slurm_ft.userfile import read_tail
+    from slurm_ft.node.userfile import read_tail
 
     if max_bytes <= 0:
         return ""

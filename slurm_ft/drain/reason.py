@@ -6,7 +6,7 @@ from __future__ import annotations
 LEADER = "slurm-ft:"
 #: What :func:`drain_node` returns in observe mode (the drain held back by the client's gate).
 OBSERVED = "observed"
-#: Rule prefix of a hardware verdict the trusted GPU checks confirmed (slurm_ft/epilog.py).
+#: Rule prefix of a hardware verdict the trusted GPU checks confirmed (slurm_ft/node/epilog.py).
 VERIFIED = "verified:"
 #: Reasons slurmctld/slurmd set by themselves (not an admin's words): slurm-ft may replace them
 #: with its own, more precise reason. From Slurm's source (node_mgr.c, job_mgr.c, req.c).

@@ -12,7 +12,7 @@ Each cycle (every ``[failover] poll_interval_s``; docs/architecture.md, "Event f
    started or ended; :mod:`.events`), those whose wake-up time came (``machine.Wake``: a grace
    period, a checkpoint ack awaited, a time limit, ``StartTime=now`` once out of COMPLETING), and
    those with an unfinished journaled action; every ``scan_interval_s`` (and at start-up) a full
-   reconciliation: every job, light (one ``squeue -o`` listing, slurm_ft.jobinfo.list_jobs), and
+   reconciliation: every job, light (one ``squeue -o`` listing, slurm_ft.slurm.jobinfo.list_jobs), and
    the ones that changed and may concern slurm-ft read in full;
 2. **jobs first**, one ``scontrol show job`` each (a single-job RPC; ``squeue --jobs`` would ask
    for the whole queue), **then the nodes** (``sinfo --json``) when a job ended or was requeued,
@@ -41,7 +41,7 @@ from slurm_ft.checkpoint import channel
 from slurm_ft.errors import ConfigError, SlurmCommandError, SlurmFTError
 from slurm_ft.journal import open_daemon_journal
 from slurm_ft.slurm import Job, Slurm, split_nodes
-from slurm_ft.jobinfo import list_jobs
+from slurm_ft.slurm.jobinfo import list_jobs
 from slurm_ft.journal import identity
 from slurm_ft.failover import machine, mailbox, policy
 from slurm_ft.failover.effects import RESUMED_ACTS, Effects
@@ -136,7 +136,7 @@ class Daemon:
 
     # ------------------------------------------------------------------ loop
     def run(self, once: bool = False) -> None:
-        from slurm_ft import daemonlock
+        from slurm_ft.failover import daemonlock
 
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
         log.info("slurm-ft daemon started (journal %s, events %s)", self.journal.path,

@@ -121,7 +121,7 @@ class Effects:
         self.journal.record(job.job_id, a.attempt, "ckpt-timeout", job.nodes, a.detail, status="failed")
 
     def _RecordRestarts(self, job, a: m.RecordRestarts, opts) -> None:
-        from slurm_ft.inplace import record_restarts
+        from slurm_ft.job.inplace import record_restarts
 
         if record_restarts(self.journal, job):
             log.info("job %s: in-place restarts reported by the job journaled", job.job_id)

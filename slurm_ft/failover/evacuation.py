@@ -7,7 +7,7 @@ the requeue's ``priority_boost`` and ``priority_ceiling``, the job's ``--ft-ckpt
 Runs as root on the controller host (it drains a node and writes the daemon journal). Steps:
 
 1. :func:`request`: drain NODE (an admin's earlier reason is kept: slurm_ft.drain), list the jobs
-   running there (one light ``squeue -o``, slurm_ft.jobinfo), read each candidate once
+   running there (one light ``squeue -o``, slurm_ft.slurm.jobinfo), read each candidate once
    (``scontrol show job``) for its options fixed at submit, and journal one ``evacuate-request``
    row (status intent, target NODE) per ft-enabled job's running attempt;
 2. the daemon, next cycle, starts the evacuation (``evacuate`` + ``ckpt-notify``) and answers the
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from slurm_ft.drain import LEADER, drain_node
 from slurm_ft.errors import ConfigError
-from slurm_ft.jobinfo import list_jobs
+from slurm_ft.slurm.jobinfo import list_jobs
 from slurm_ft.slurm import split_nodes
 from slurm_ft.failover.machine import EVACUATE_REQUEST
 from slurm_ft.failover.options import trusted_options

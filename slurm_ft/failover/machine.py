@@ -283,7 +283,7 @@ class Release(Action):
 @dataclass(frozen=True)
 class RecordRestarts(Action):
     """The job's ``slurm-ft run`` wrapper reported in-place restarts in its comment: journal
-    each once (slurm_ft.inplace.record_restarts; the job's own word, it buys nothing)."""
+    each once (slurm_ft.job.inplace.record_restarts; the job's own word, it buys nothing)."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def notify(ncfg, slurm, job_id: int, event: str, ft_state: str, text: str) -> No
     if ncfg is None or not (ncfg.mail or ncfg.webhook) or getattr(slurm, "observe", False):
         return
     from slurm_ft.errors import SlurmCommandError
-    from slurm_ft.jobinfo import split_record
+    from slurm_ft.slurm.jobinfo import split_record
     from slurm_ft.failover.marker import clean
 
     try:

@@ -13,7 +13,7 @@ finished``), so the final state goes where Slurm still takes it:
 - mail (Slurm's MailProg, to a job that asked with ``--mail-type``) or a site webhook, when
   ``[notify]`` says so (:mod:`.notify_owner`), also on each failover;
 - the job's own output file gets the give-up line (``slurm-ft: gave up after attempt 3: ...``),
-  appended as the job's user under :mod:`slurm_ft.userfile`'s rules (never as root through the
+  appended as the job's user under :mod:`slurm_ft.node.userfile`'s rules (never as root through the
   user's path), when the file is reachable from the daemon's host (a shared file system).
 """
 
@@ -72,7 +72,7 @@ def job_outputs(slurm, job_id: int) -> tuple[int | None, int | None, list[str]]:
     """(uid, gid, paths) of ``job_id``'s output: its StdOut, and its StdErr when that is another
     file, as ``scontrol show job`` shows them (Slurm expands the filename patterns); absolute
     paths only. (None, None, []) when Slurm cannot tell. Never raises."""
-    from slurm_ft.jobinfo import split_record
+    from slurm_ft.slurm.jobinfo import split_record
 
     try:
         proc = slurm.run("scontrol", "show", "job", str(job_id), check=False)
@@ -86,7 +86,7 @@ def job_outputs(slurm, job_id: int) -> tuple[int | None, int | None, list[str]]:
 
 def _give_up_line(slurm, job_id: int, sentence: str) -> None:
     """Append ``slurm-ft: <sentence>`` to the job's StdOut (and StdErr when it is another file)."""
-    from slurm_ft.userfile import UserFileError, append_line
+    from slurm_ft.node.userfile import UserFileError, append_line
 
     uid, gid, paths = job_outputs(slurm, job_id)
     for path in paths:

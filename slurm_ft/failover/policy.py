@@ -56,7 +56,7 @@ PENDING_STATES = {FAILOVER, REQUEUED, CONTINUED, EVACUATED}
 #: Decision kinds that requeue the job (besides finals and "wait").
 EVACUATE, CONTINUE = "evacuate", "continue"
 #: What a slurm-ft checkpoint notification of an attempt was for (journal ``ckpt-notify`` detail).
-#: Prefix of an in-place restart record in the job's comment (``slurm-ft run``: slurm_ft.inplace
+#: Prefix of an in-place restart record in the job's comment (``slurm-ft run``: slurm_ft.job.inplace
 #: writes and parses it; the daemon journals what it says).
 INPLACE_PREFIX = "slurm-ft-run:"
 NOTIFY_EVACUATION, NOTIFY_TIME_LIMIT = "evacuation", "time-limit"
@@ -64,7 +64,7 @@ NOTIFY_EVACUATION, NOTIFY_TIME_LIMIT = "evacuation", "time-limit"
 #: Rule-id prefix of verdicts from a prolog health check that refused the node (``health:<check>``).
 HEALTH_RULE = "health:"
 #: Rule-id prefix of a verdict whose only hardware evidence was the job's own output and which the
-#: trusted GPU checks did not confirm (slurm_ft/epilog.py): retried elsewhere, nobody blamed.
+#: trusted GPU checks did not confirm (slurm_ft/node/epilog.py): retried elsewhere, nobody blamed.
 UNVERIFIED_RULE = "unverified:"
 #: Slurm job states after which a job is looked at for failover.
 FAILED_STATES = {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

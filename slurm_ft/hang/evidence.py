@@ -27,10 +27,10 @@ MAX_DUMPS = 16
 def open_as_user(path: str | bytes, uid: int, gid: int, deadline_s: float = 2.0) -> int | None:
     """An ``O_PATH`` descriptor of the job's output ``path``, found by a child that has dropped to
     ``uid``/``gid`` and walked the path without following a symlink
-    (:func:`slurm_ft.userfile.open_path`), or None when it is not a regular file of that user,
+    (:func:`slurm_ft.node.userfile.open_path`), or None when it is not a regular file of that user,
     that user may not reach it, or the child did not answer within ``deadline_s`` seconds. Root
     only ever ``fstat()`` s it (the output's growth)."""
-    from slurm_ft.userfile import open_path
+    from slurm_ft.node.userfile import open_path
     from slurm_ft.errors import SlurmFTError
     try:
         return open_path(path, uid, gid, deadline_s)

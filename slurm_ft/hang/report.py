@@ -5,7 +5,7 @@ ft-history").
 The watcher's verdict reaches the controller through the node's mailbox record (Slurm's node
 ``Extra``, readable by every user): it carries only numbers (:func:`slurm_ft.failover.marker.hang_summary`).
 The frames (the job's function and file names) go instead to the history service
-(:mod:`slurm_ft.history_service`) as its second request kind: one line, a MUNGE credential made
+(:mod:`slurm_ft.history.service`) as its second request kind: one line, a MUNGE credential made
 by root on the node that only root can decode (``decoder_uid=0``), whose payload is::
 
     {"service": "slurm-ft-hang", "v": 1, "job_id": 5, "attempt": 0, "node": "n1",
@@ -18,7 +18,7 @@ by root on the node that only root can decode (``decoder_uid=0``), whose payload
 The service accepts it only from uid 0 (:func:`parse_report` checks the shape), for a job and an
 attempt its journal knows, and records it as an action row ``hang-stack`` (target the node,
 detail :func:`stored_detail`'s JSON) through the journal's own write path. Nothing in the
-daemon's decisions reads that row: ``ft-history`` shows it (``slurm_ft.history_format.stack_lines``),
+daemon's decisions reads that row: ``ft-history`` shows it (``slurm_ft.history.format.stack_lines``),
 escaped, to whoever may see the job (its owner, admins, root).
 
 The watcher sends it best effort (:func:`send`): after the job's processes were ended, in at most
@@ -55,7 +55,7 @@ MAX_PER_ATTEMPT = 32
 COMM_CHARS = 64
 #: Longest stored detail (characters, below the journal boundary's text bound: never cut).
 MAX_DETAIL = 12000
-#: A node name as slurmd gives it (slurm_ft.nodejob).
+#: A node name as slurmd gives it (slurm_ft.node.job).
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FIELDS = {"service", "v", "job_id", "attempt", "node", "frames", "beat"}
 
@@ -235,9 +235,9 @@ def _answer(raw: bytes) -> tuple[bool, str, bool]:
 
 
 def _send(cfg, slurm, payload: bytes, deadline: float, encode, log) -> bool:
-    from slurm_ft import munge
+    from slurm_ft.slurm import munge
     from slurm_ft.errors import SlurmFTError
-    from slurm_ft.history_client import endpoints
+    from slurm_ft.history.client import endpoints
     try:
         targets = endpoints(cfg, slurm, deadline - time.monotonic())
     except SlurmFTError as exc:
@@ -280,7 +280,7 @@ def send(cfg, slurm, payload: bytes, log, *, encode=None, timeout_s: float = SEN
     """Send a report (:func:`encode_report`) to the history service; True when it was stored.
     At most ``timeout_s`` in all: the work runs in a thread this call waits for that long (a
     step that overruns its own bound is left behind, never waited for). ``encode``: payload ->
-    credential text (default :func:`slurm_ft.munge.encode` for root alone). Never raises; every
+    credential text (default :func:`slurm_ft.slurm.munge.encode` for root alone). Never raises; every
     outcome is one line through ``log`` (the node log)."""
     deadline = time.monotonic() + timeout_s
     result: list[bool] = []

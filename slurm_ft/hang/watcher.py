@@ -1,6 +1,6 @@
 """The hang watcher: one small root process per hang-watched job and node.
 
-**Started** by the node prolog (``slurm_ft.prolog``) for a job whose SPANK environment asks for
+**Started** by the node prolog (``slurm_ft.node.prolog``) for a job whose SPANK environment asks for
 hang detection (``SPANK_FT_HANG_TIMEOUT``, from ``sbatch --ft-hang-timeout``): the prolog makes
 the job's heartbeat directory (:mod:`slurm_ft.hang.heartbeat`) and starts
 ``python -m slurm_ft.hang.watcher`` in a session of its own, detached from slurmd (no inherited
@@ -52,7 +52,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from slurm_ft.boundary import note, root_entry
+from slurm_ft.node.boundary import note, root_entry
 from slurm_ft.errors import ConfigError, SlurmFTError
 from slurm_ft.hang import heartbeat as hb
 
@@ -406,7 +406,7 @@ class Watcher:
     def tell_owner(self, now: float, action: str) -> None:
         """Append the hang block (:func:`slurm_ft.failover.marker.hang_block`: ``slurm-ft: hang
         on n1: ...``, the last heartbeat's time, the top frames of each dumped process) to the
-        job's output, as the job's user (:func:`slurm_ft.userfile.append_line`: no symlink
+        job's output, as the job's user (:func:`slurm_ft.node.userfile.append_line`: no symlink
         followed, only the user's own regular file, 2 s at most). A refusal is logged; the job's
         end does not wait for it."""
         try:
@@ -417,7 +417,7 @@ class Watcher:
     def _tell_owner(self, now: float, action: str) -> None:
         from slurm_ft.failover.marker import hang_block
         from slurm_ft.failover.owner import job_outputs
-        from slurm_ft.userfile import UserFileError, append_line
+        from slurm_ft.node.userfile import UserFileError, append_line
         w, beat = self.w, self.progress.latest
         # the prolog knows the output path only where slurmd tells it; else Slurm's expanded StdOut/StdErr
         paths = [w.stdout] if w.stdout else job_outputs(self.slurm, w.job_id)[2]
@@ -562,7 +562,7 @@ def start(cfg, job, env: dict, log) -> int | None:
         argv += ["--gpus", ",".join(map(str, job.gpus))]
     if cfg.source:
         argv += ["--config", cfg.source]
-    from slurm_ft.output_pattern import expand_output_pattern
+    from slurm_ft.node.output_pattern import expand_output_pattern
     out = expand_output_pattern(job.stdout, job) if job.stdout else None
     if out:
         argv += ["--stdout", out]
@@ -589,8 +589,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=None)
     a = ap.parse_args(argv)
     from slurm_ft import config as config_mod
-    from slurm_ft.nodejob import NodeJob
-    from slurm_ft.nodelog import NodeLog
+    from slurm_ft.node.job import NodeJob
+    from slurm_ft.node.log import NodeLog
     from slurm_ft.slurm import Slurm
     cfg = config_mod.load(a.config)
     job = NodeJob(a.job, a.node, a.attempt, None, None, None, None, None, None, None)

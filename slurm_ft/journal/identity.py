@@ -27,7 +27,7 @@ Retiring moves every row of the old job (``jobs``, ``attempts``, ``verdicts``, `
 beside the new one, as "an earlier job with this id"), books an unfinished old job ``lost``,
 sets its unfinished intents aside (``skipped``) and journals a ``retire`` action, all in one
 transaction. Array tasks (``ArrayJobId``/``ArrayTaskId``) are recorded here too, for
-``ft-history``'s ``50_2`` notation (slurm_ft.history).
+``ft-history``'s ``50_2`` notation (slurm_ft.history.query).
 
 Raises :class:`slurm_ft.errors.JournalError` only (the daemon retries the job later).
 """
@@ -134,7 +134,7 @@ def observe(journal, job) -> int | None:
 
 def observe_node(journal, job_id: int, attempt: int, start: float | None, array=(None, None)) -> int | None:
     """The node side (a compute node's own journal, its epilog): before filing a verdict for
-    ``(job_id, attempt)`` that started here at ``start`` (slurm_ft.nodejob.node_key: slurmd's
+    ``(job_id, attempt)`` that started here at ``start`` (slurm_ft.node.job.node_key: slurmd's
     ``SLURM_JOB_START_TIME`` or the prolog's root-written marker, nothing the job sets), retire
     the rows of an earlier job with the same id (:func:`retire`), so the new job's verdict is
     neither dropped as already recorded nor merged into the old job's, and the old job's Xids stay

@@ -76,7 +76,7 @@ def m004_job_identity(db: sqlite_utils.Database) -> None:
 
 
 def m005_time_indexes(db: sqlite_utils.Database) -> None:
-    """Indexes on the times ``ft-history``'s window and the drain report read (slurm_ft.history
+    """Indexes on the times ``ft-history``'s window and the drain report read (slurm_ft.history.query
     ``_candidates``, slurm_ft.report): each table's "last time" expression exactly as the queries
     write it, so a window over a journal of 1,000,000 attempts reads only its own rows
     (benchmarks/history_scale.py)."""
@@ -120,16 +120,16 @@ def m008_verdict_uid(db: sqlite_utils.Database) -> None:
     db["verdicts"].add_column("uid", int)
 
 
-#: The history memo's table (slurm_ft.history_memo).
+#: The history memo's table (slurm_ft.history.memo).
 MEMO_TABLE = "history_memo"
-#: Tables whose rows make up a record's history (slurm_ft.history._chain, identity): their
+#: Tables whose rows make up a record's history (slurm_ft.history.query._chain, identity): their
 #: triggers drop the record's memo row; (table, expression(s) of the record key).
 MEMO_SOURCES = (("jobs", ("job_id",)), ("attempts", ("job_id",)), ("verdicts", ("job_id",)),
            ("actions", ("job_id",)), ("job_identity", ("job_id",)), ("retired_jobs", ("key", "job_id")))
 
 def m009_history_memo(db: sqlite_utils.Database) -> None:
     """``history_memo``: ``ft-history``'s pre-rendered text of finished jobs, and the triggers that
-    drop a record's row whenever a row of that record changes (slurm_ft.history_memo; issue 26).
+    drop a record's row whenever a row of that record changes (slurm_ft.history.memo; issue 26).
     Idempotent."""
     conn = db.conn
     conn.execute(f"CREATE TABLE IF NOT EXISTS {MEMO_TABLE} (job_id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
@@ -141,7 +141,7 @@ def m009_history_memo(db: sqlite_utils.Database) -> None:
                          f"BEGIN DELETE FROM {MEMO_TABLE} WHERE job_id IN ({keys}); END")
 
 
-#: Each table's "last time" of a record (slurm_ft.history._TIMES' second expressions).
+#: Each table's "last time" of a record (slurm_ft.history.query._TIMES' second expressions).
 RECORD_LAST = (("jobs", "MAX(COALESCE(updated, created), COALESCE(created, updated))"),
                ("attempts", 'COALESCE("end", start, updated)'), ("verdicts", "created"),
                ("actions", "COALESCE(finished, created)"))
@@ -153,7 +153,7 @@ _COLUMN = re.compile(r'\b(?:updated|created|start|finished)\b|"end"')
 def m010_record_last(db: sqlite_utils.Database) -> None:
     """``record_last``: per record key, the latest time any of its rows holds (the largest of
     :data:`RECORD_LAST`'s expressions), indexed, so ``ft-history``'s window finds its records in
-    one index range instead of four (slurm_ft.history ``_candidates``; issue 26). Kept by triggers
+    one index range instead of four (slurm_ft.history.query ``_candidates``; issue 26). Kept by triggers
     on every insert and update of those tables (never lowered: a superset for the window, whose
     exact times are read afterwards); filled from the rows already there."""
     conn = db.conn

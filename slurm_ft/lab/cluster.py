@@ -442,7 +442,7 @@ class Lab:
         return [db, dbd]
 
     def _spawn_daemon(self) -> Proc:
-        return _spawn("slurm-ft-daemon", [sys.executable, "-m", "slurm_ft.cli", "daemon"],
+        return _spawn("slurm-ft-daemon", [sys.executable, "-m", "slurm_ft.cli.main", "daemon"],
                       self.lay.log("daemon"), {**self.env(), "PYTHONUNBUFFERED": "1"})
 
     def daemon_stop(self, sig: int = signal.SIGTERM) -> None:
@@ -648,7 +648,7 @@ class Lab:
         write_file(d / "health-check", f"#!/bin/sh\n# the lab's HealthCheckProgram (slurmd, root; SLURMD_NODENAME "
                                        f"set by slurmd): Lab.health_check(True)\nSLURM_CONF={self.lay.slurm_conf} "
                                        f"SLURM_FT_CONFIG={self.lay.ft_conf} PATH={SAFE_PATH} exec {sys.executable} "
-                                       f"-m slurm_ft.cli health --act\n", 0o755)
+                                       f"-m slurm_ft.cli.main health --act\n", 0o755)
         _make_dir(d / "jobs", 0o1777)  # every lab user's job output; sticky: nobody replaces another's
         for n in nodes:
             _make_dir(d / "spool" / n)

@@ -150,7 +150,7 @@ def run_demo(lab_dir: str, log=print) -> bool:
     node_info = slurm.show_node(first.nodes)
     log("--- job output ---\n" + out.rstrip())
     log(f"--- drain reason of {first.nodes}: {node_info.get('Reason', '')}")
-    from slurm_ft.history import history, render_table
+    from slurm_ft.history.query import history, render_table
     from slurm_ft.journal import open_daemon_journal
     from slurm_ft import config as config_mod
     time.sleep(1.0)  # let the daemon record the final state

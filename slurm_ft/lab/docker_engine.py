@@ -493,7 +493,7 @@ POWER_SWITCH = (f"( while [ ! -e {REBOOT_MARKER} ]; do sleep 0.5; done; sleep 0.
 HEALTH_CHECK = f"""#!/bin/sh
 # The Docker lab's HealthCheckProgram (written by `slurm-ft lab up --engine docker`).
 SLURM_CONF={CONF}/slurm.conf SLURM_FT_CONFIG={CONF}/slurm-ft.toml PATH={SAFE_PATH} \\
-    exec {VENV}/bin/python -m slurm_ft.cli health --act
+    exec {VENV}/bin/python -m slurm_ft.cli.main health --act
 """
 
 #: Container entry (run by docker-init as PID 1's child): munge with the key copied in, then
@@ -530,7 +530,7 @@ if [ -f $pidf ]; then
 fi
 [ "${{1:-start}}" = stop ] && exit 0
 cd /
-PYTHONUNBUFFERED=1 SLURM_FT_CONFIG={CONF}/slurm-ft.toml setsid {VENV}/bin/python -m slurm_ft.cli daemon \\
+PYTHONUNBUFFERED=1 SLURM_FT_CONFIG={CONF}/slurm-ft.toml setsid {VENV}/bin/python -m slurm_ft.cli.main daemon \\
     >>{PRIVATE}/log/daemon.log 2>&1 </dev/null &
 echo $! > $pidf
 """
@@ -709,7 +709,7 @@ class DockerLab:
 
     def _fresh_files(self, nodes: list[str], ctls=("ctl",)) -> None:
         from slurm_ft.nvml import fake as fake_nvml
-        from slurm_ft import assets
+        from slurm_ft.admin import assets
         from slurm_ft.config import FailoverConfig
         for sub in [*CONTROLLERS, "ctld-state", *nodes, "conf", "code", "shared"]:
             shutil.rmtree(self.dir / sub, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 Used by ``slurm-ft lab up`` (the lab's slurm.conf); on a real cluster ``slurm-ft install`` writes
 the same files (docs/install.md). The Lua scripts are package data (``slurm_ft/data/lua/``, read
-and rendered by :mod:`slurm_ft.assets`). Why three pieces (facts verified on 22.05, see
+and rendered by :mod:`slurm_ft.admin.assets`). Why three pieces (facts verified on 22.05, see
 shared/SLURM_LAB_NOTES.md):
 
 * the plugin (``slurm_ft/data/spank/slurm_ft_spank.c``, reached as ``spank/`` in a checkout)
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_ft import assets
+from slurm_ft.admin import assets
 from slurm_ft.config import FailoverConfig
 from slurm_ft.lab.layout import repo_root
 
@@ -53,7 +53,7 @@ def render_cli_filter() -> str:
 def render_job_submit(max_retries: int = FailoverConfig.max_retries,
                       default_retries: int = FailoverConfig.retries) -> str:
     """job_submit.lua (package data ``slurm_ft/data/lua/job_submit.lua.in``) with the site's
-    retry limits; see :func:`slurm_ft.assets.render_job_submit`."""
+    retry limits; see :func:`slurm_ft.admin.assets.render_job_submit`."""
     return assets.render_job_submit(max_retries, default_retries)
 
 

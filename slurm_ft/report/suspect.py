@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from slurm_ft.classify import recurrence
 
-#: The verdict rule prefixes of a suspect verdict the trusted checks settled (slurm_ft.epilog).
+#: The verdict rule prefixes of a suspect verdict the trusted checks settled (slurm_ft.node.epilog).
 CONFIRMED, NOT_CONFIRMED = "verified:", "unverified:"
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from slurm_ft.errors import SlurmCommandError
-from slurm_ft.indices import split_indices  # noqa: F401 - split_indices is public here too
+from slurm_ft.slurm.indices import split_indices  # noqa: F401 - split_indices is public here too
 from slurm_ft.slurm.records import (ENDED_STATES, Job, Node, compress_nodes, parse_boot_time, parse_config,  # noqa: F401
                       parse_gres, parse_kv_line, parse_slurm_conf, private_data, slurmctld_hosts, split_nodes)
 
@@ -153,9 +153,9 @@ class Slurm:
 
     def job(self, job_id: int) -> "Job | None":
         """One job, or None once slurmctld has forgotten it: ``scontrol show job J``, a single-job
-        RPC (``squeue --jobs=J`` asks slurmctld for the whole queue; slurm_ft.jobinfo), or
+        RPC (``squeue --jobs=J`` asks slurmctld for the whole queue; slurm_ft.slurm.jobinfo), or
         ``squeue --json`` when that text is ambiguous."""
-        from slurm_ft.jobinfo import parse_show_job
+        from slurm_ft.slurm.jobinfo import parse_show_job
 
         proc = self.run("scontrol", "show", "job", str(job_id), check=False)
         if proc.returncode != 0 and "Invalid job id" in proc.stderr:
@@ -193,7 +193,7 @@ class Slurm:
     def job_comment(self, job_id: int) -> str:
         """The job's ``Comment`` (``squeue -o %k``: what the job's own user may read), "" when it
         has none. The one reader for the comment's writers: the checkpoint ack and the in-place
-        restart record (slurm_ft.checkpoint.channel, slurm_ft.inplace)."""
+        restart record (slurm_ft.checkpoint.channel, slurm_ft.job.inplace)."""
         current = self.run("squeue", "-h", f"--jobs={job_id}", "-o", "%k").stdout.strip()
         return "" if current == "(null)" else current
 
@@ -219,9 +219,9 @@ class Slurm:
     def job_gpus(self, job_id: int) -> dict[str, set[int]]:
         """GPU indices the job holds on each node: ``scontrol show job -d`` prints, per node group,
         ``Nodes=n[1-2] CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)``. Read from the job's anchored record's
-        detail lines only (slurm_ft.jobinfo.gres_gpu_detail: no user-set value can add a GPU).
+        detail lines only (slurm_ft.slurm.jobinfo.gres_gpu_detail: no user-set value can add a GPU).
         {} when the job holds no GPU, is gone, or its record is ambiguous (then it owns none)."""
-        from slurm_ft.jobinfo import gres_gpu_detail
+        from slurm_ft.slurm.jobinfo import gres_gpu_detail
 
         out = self.run("scontrol", "show", "job", "-d", str(job_id), check=False).stdout
         held: dict[str, set[int]] = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
 from slurm_ft.errors import HostlistError, SlurmCommandError
-from slurm_ft.indices import NOT_HOSTLIST
+from slurm_ft.slurm.indices import NOT_HOSTLIST
 
 #: Set operators and separators of ClusterShell's grammar that Slurm's hostlists do not have:
 #: rejected rather than silently applied (``n[1-3]!n2`` is no Slurm hostlist).
@@ -292,7 +292,7 @@ class Job:
     @property
     def failed_nodes(self) -> list[str]:
         """Nodes Slurm itself names failed for this job: ``FailedNode=`` of ``scontrol show job``
-        (printed from Slurm 23.02 on, :func:`slurm_ft.jobinfo.parse_show_job` -> ``failed_node``)
+        (printed from Slurm 23.02 on, :func:`slurm_ft.slurm.jobinfo.parse_show_job` -> ``failed_node``)
         or ``failed_node`` of a 24.11 ``--json`` record; ``[]`` when Slurm names none (22.05)."""
         return split_nodes(_nodes(self.raw.get("failed_node")))
 

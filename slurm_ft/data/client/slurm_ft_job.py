@@ -232,7 +232,7 @@ MAGIC = b"SFTHB\x01\x00\x00"
 FORMAT = struct.Struct("<8sQddqIId")
 SIZE = 64
 RUNNING, SAVING = 0, 1
-#: The in-place wrapper's mark in the directory (slurm_ft.inplace): end only the step on a hang.
+#: The in-place wrapper's mark in the directory (slurm_ft.job.inplace): end only the step on a hang.
 INPLACE_MARK = "inplace"
 #: Seconds between two tries to find the job's heartbeat directory when it is not there.
 RETRY_S = 30.0
@@ -363,7 +363,7 @@ def heartbeat(step: int, saving: bool = False, env: Optional[Mapping[str, str]] 
 
 
 def mark_inplace(env: Optional[Mapping[str, str]] = None) -> bool:
-    """The in-place wrapper's mark (slurm_ft.inplace): on a hang, the watcher ends only the step's
+    """The in-place wrapper's mark (slurm_ft.job.inplace): on a hang, the watcher ends only the step's
     tasks, so the wrapper can restart it. Returns whether it was made."""
     try:
         d = heartbeat_dir(os.environ if env is None else env)

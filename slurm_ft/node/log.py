@@ -121,7 +121,7 @@ def start_script(who: str, env: dict[str, str] | None = None):
     when the environment or the config is unusable. Never raises."""
     from slurm_ft import config as config_mod
     from slurm_ft.errors import SlurmFTError
-    from slurm_ft.nodejob import BadEnvironment, NodeJob
+    from slurm_ft.node.job import BadEnvironment, NodeJob
 
     try:
         job = NodeJob.from_env(env)

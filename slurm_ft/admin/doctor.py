@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from slurm_ft import assets, daemonlock
+from slurm_ft.admin import assets
+from slurm_ft.failover import daemonlock
 from slurm_ft.errors import SlurmFTError
-from slurm_ft.install import untrusted
+from slurm_ft.admin.install import untrusted
 from slurm_ft.slurm import parse_slurm_conf, plugstack_lines, slurmctld_hosts
 
 ROLES = ("node", "controller")
@@ -141,7 +142,7 @@ def _script_check(env: Env, key: str, kind: str) -> list[Check]:
             text = f.read_text(errors="replace")
         except OSError:
             continue
-        if f"slurm_ft.{kind}" not in text:
+        if f"slurm_ft.node.{kind}" not in text:
             continue
         problems = []
         bad = untrusted(f)
@@ -159,9 +160,9 @@ def _script_check(env: Env, key: str, kind: str) -> list[Check]:
             if bad:
                 problems.append(f"{bad} (the Python root runs)")
             elif env.python_probe is not None:
-                err = env.python_probe(py, f"slurm_ft.{kind}")
+                err = env.python_probe(py, f"slurm_ft.node.{kind}")
                 if err:
-                    problems.append(f"{py} cannot import slurm_ft.{kind}: {err}")
+                    problems.append(f"{py} cannot import slurm_ft.node.{kind}: {err}")
         if problems:
             return [Check(name, "FAIL", "; ".join(problems),
                           "slurm-ft install --only wrappers (from the venv slurm-ft runs in), docs/install.md")]
@@ -400,7 +401,7 @@ def check_nvml(env: Env) -> list[Check]:
 def check_kernel_log(env: Env) -> list[Check]:
     """Can the epilog read the kernel log here (its trusted Xid evidence)? Without it (a container,
     no CAP_SYSLOG, ``kernel.dmesg_restrict`` and no dmesg) a GPU lost mid-job is found only by the
-    trusted checks the epilog then runs for a failed GPU job (slurm_ft.epilog.verify_untrusted)."""
+    trusted checks the epilog then runs for a failed GPU job (slurm_ft.node.epilog.verify_untrusted)."""
     if env.kernel_log_probe is None:
         return [Check("kernel-log", "SKIP", "not probed")]
     scope = health_scope(env)

@@ -2,8 +2,8 @@
 sacct's options (``-j -u -a -S -E -s -o -p -P -n -X -D --json``, see docs/user-guide.md).
 
 Which jobs: with ``-j``, those jobs; otherwise every ft-enabled job active in the time window
-(``-S``/``-E``, Slurm's time formats: :mod:`slurm_ft.timespec`), of the caller only unless
-``-u``/``-a`` (as sacct). Output layouts live in :mod:`slurm_ft.history_format`.
+(``-S``/``-E``, Slurm's time formats: :mod:`slurm_ft.slurm.timespec`), of the caller only unless
+``-u``/``-a`` (as sacct). Output layouts live in :mod:`slurm_ft.history.format`.
 
 Privacy: when Slurm's ``PrivateData`` includes ``jobs``, a user other than root and SlurmUser
 sees only their own jobs (the journal's ``jobs.user``), as ``squeue`` would show them. Every
@@ -29,14 +29,14 @@ from pathlib import Path
 import click
 
 from slurm_ft import config as config_mod
-from slurm_ft import daemonlock
-from slurm_ft import history_format as fmt
+from slurm_ft.failover import daemonlock
+from slurm_ft.history import format as fmt
 from slurm_ft.errors import JournalError, SlurmFTError
 from slurm_ft.failover import policy
 from slurm_ft.journal import identity, open_journal
 from slurm_ft.journal.migrations import MEMO_TABLE
 from slurm_ft.textsafe import terminal_safe
-from slurm_ft.timespec import parse_time
+from slurm_ft.slurm.timespec import parse_time
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ def _spans(journal, keys) -> dict[int, tuple[float | None, float | None]]:
 
 
 #: The ``jobs`` columns that select a job (ft state, owner, account): all the window reads of a
-#: job whose text the memo holds (slurm_ft.history_memo).
+#: job whose text the memo holds (slurm_ft.history.memo).
 _LIGHT = "job_id, user, account, ft_state"
 
 
@@ -375,7 +375,7 @@ def _users(sel: Selection, viewer: Viewer | None) -> frozenset[str] | None:
 
 def _jobs_of(journal, users: frozenset[str]) -> set[int]:
     """Record keys of the jobs of ``users`` (names; the journal holds Slurm's user name, or a
-    uid as digits, which :func:`slurm_ft.history_format.user_name` maps: both are asked for)."""
+    uid as digits, which :func:`slurm_ft.history.format.user_name` maps: both are asked for)."""
     forms = set(users)
     for name in users:
         try:
@@ -493,7 +493,7 @@ def _read(conn, sql: str, args) -> tuple[list[str], list[tuple]]:
 
 
 # ------------------------------------------------------------------------------ the memo, read side
-# Finished jobs rendered ahead by the history service (slurm_ft.history_memo, the write side):
+# Finished jobs rendered ahead by the history service (slurm_ft.history.memo, the write side):
 # which rows this process may print as they are.
 #: The modules whose code decides the text (hashed into :func:`render_key`).
 _CODE = ("history.py", "history_format.py", "textsafe.py", "hang/report.py", "history_memo.py")
@@ -522,7 +522,7 @@ def render_key() -> str:
 
 
 def row_key() -> str:
-    """The key of a memo row cut to its job row (:data:`slurm_ft.history_memo.MEMO_DAYS` < age <= :data:`slurm_ft.history_memo.ROW_DAYS`)."""
+    """The key of a memo row cut to its job row (:data:`slurm_ft.history.memo.MEMO_DAYS` < age <= :data:`slurm_ft.history.memo.ROW_DAYS`)."""
     return render_key() + ":row"
 
 
@@ -545,7 +545,7 @@ def lookup(journal, keys, kind: str) -> dict[int, tuple]:
 
 #: What :func:`lookup` reads for each kind of text.
 _KINDS = {"list": "list", "chain": "chain", "jobrow": "substr(list, 1, instr(list || char(10), char(10)) - 1)"}
-#: SQL of a memo row's job row (its list's first line; slurm_ft.history_memo cuts old rows to it).
+#: SQL of a memo row's job row (its list's first line; slurm_ft.history.memo cuts old rows to it).
 JOBROW_SQL = _KINDS["jobrow"]
 
 
@@ -751,7 +751,7 @@ def _overlaps(first, last, active: bool, start: float, end: float) -> bool:
 
 
 class Rendered(str):
-    """A job's text as ``ft-history`` prints it, from the history memo (slurm_ft.history_memo):
+    """A job's text as ``ft-history`` prints it, from the history memo (slurm_ft.history.memo):
     its ``-P`` lines or its chain view, in place of its history dict in :func:`select`'s answer."""
 
 
@@ -771,7 +771,7 @@ def select(journal, sel: Selection, viewer: Viewer | None = None,
 
 def memo_kind(*, columns, parsable: bool, delimiter: str | None, header: bool, allocations: bool,
               detail: bool, as_json: bool, sel: Selection) -> str | None:
-    """Which pre-rendered text (slurm_ft.history_memo) these options print as is: ``"list"``
+    """Which pre-rendered text (slurm_ft.history.memo) these options print as is: ``"list"``
     (``-p``/``-P`` with the default columns and delimiter), ``"jobrow"`` (the same with ``-X``:
     the job row alone), ``"chain"`` (the default view, with its header), else None (every job
     rendered now)."""
@@ -838,7 +838,7 @@ def _select(journal, sel: Selection, viewer: Viewer | None, now: float, memo: st
         jobs = {k: v for k, v in jobs.items() if _fold_case(v.get("account") or "") in sel.accounts}
     if on_nodes is not None:
         jobs = {k: v for k, v in jobs.items() if k in on_nodes}
-    # finished jobs rendered ahead (slurm_ft.history_memo): their text and times, no row read
+    # finished jobs rendered ahead (slurm_ft.history.memo): their text and times, no row read
     done = lookup(journal, jobs, memo) if memo and not sel.states and not sel.duplicates else {}
     spans = None
     if not sel.job_ids and (users is not None or sel.accounts is not None):
@@ -957,7 +957,7 @@ def _summarise(actions: list[dict]) -> str:
             parts.append("checkpoint signal: nothing catches it")
         elif x["action"] == "ckpt-timeout":
             parts.append("checkpoint wait expired")
-        elif x["action"] == "inplace-restart":       # slurm_ft.inplace: reported by the job's wrapper
+        elif x["action"] == "inplace-restart":       # slurm_ft.job.inplace: reported by the job's wrapper
             what = x["detail"].split(": ", 1)[-1].split(", reported", 1)[0]
             parts.append(f"restart {x['detail'].split(' ', 2)[1]} in place ({what})")
         elif x["action"] == "inplace-escalate":
@@ -1172,8 +1172,7 @@ def command(job_ids, users, all_users: bool, accounts, nodelist, start: float | 
         root_with_path = journal_path and not config_path and os.getuid() == 0
         cfg = None if root_with_path else config_mod.load(config_path)
         path = journal_path or cfg.journal.path
-        from slurm_ft import (  # an ordinary user who cannot read the journal (a login node): the
-            history_client)
+        from slurm_ft.history import client as history_client
         remote = cfg is not None and history_client.wanted(path, bool(journal_path))  # controller answers
         if remote:
             found, error, waiting, steps = history_client.select(cfg, sel)

@@ -45,7 +45,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_ft import assets
+from slurm_ft.admin import assets
 from slurm_ft.errors import SlurmFTError
 
 COMPONENTS = ("wrappers", "job_submit", "cli_filter", "spank", "ctld_event", "systemd", "config", "job_client")

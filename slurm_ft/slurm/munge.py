@@ -4,7 +4,7 @@ MUNGE is the authentication every Slurm host already runs (``AuthType=auth/munge
 asks its local ``munged`` to *encode* a credential carrying its uid/gid (and a payload); any host
 sharing the cluster's key can *decode* it, once, within its time-to-live, and learns that uid/gid
 and the payload, which the credential's MAC protects. slurm-ft uses it for the history service
-(:mod:`slurm_ft.history_service`): the user's ``ft-history`` encodes its query, the controller
+(:mod:`slurm_ft.history.service`): the user's ``ft-history`` encodes its query, the controller
 decodes it and answers for the uid MUNGE vouches for, exactly the identity Slurm itself trusts.
 
 Shared core: used by ``ft-history`` (any user, login node) and by the history service (root,

@@ -3,23 +3,23 @@ journal of 1,000,000 attempts within 0.3 s, benchmarks/history_scale.py).
 
 What ``ft-history`` prints for a job whose ft state is final does not change any more, unless a
 row of it does. The history service (the daemon's child, root, on the controller) therefore
-renders ahead, with ``ft-history``'s own code (:func:`slurm_ft.history._chain`,
-:mod:`slurm_ft.history_format`: no second renderer), the two default outputs of each finished
+renders ahead, with ``ft-history``'s own code (:func:`slurm_ft.history.query._chain`,
+:mod:`slurm_ft.history.format`: no second renderer), the two default outputs of each finished
 job of the last :data:`MEMO_DAYS` days, and the job row alone of each finished job of the last
 :data:`ROW_DAYS` days (what ``-u USER -X -P`` over a year prints: about 150 bytes a job), into
 the journal's ``history_memo`` table (migration ``009_history_memo``), one row per record::
 
     job_id  the record key (a job id, or a retired record's negative key)
-    key     :func:`slurm_ft.history.render_key` of the process that rendered it (a whole row), or
-            :func:`slurm_ft.history.row_key` (the job row alone: ``chain`` is empty, ``list`` its first line)
-    t0, t1  the record's time span (slurm_ft.history._spans' expressions), epoch seconds
+    key     :func:`slurm_ft.history.query.render_key` of the process that rendered it (a whole row), or
+            :func:`slurm_ft.history.query.row_key` (the job row alone: ``chain`` is empty, ``list`` its first line)
+    t0, t1  the record's time span (slurm_ft.history.query._spans' expressions), epoch seconds
     list    the ``-P`` lines of the default columns (LIST_FORMAT): the job row, then each attempt
     chain   the retry-chain view (heading, table with its header, hang lines)
 
-A memo row is used (:func:`slurm_ft.history.lookup`) only when all of these hold, else ``ft-history`` renders
+A memo row is used (:func:`slurm_ft.history.query.lookup`) only when all of these hold, else ``ft-history`` renders
 the job as before:
 
-- its ``key`` is the reader's :func:`slurm_ft.history.render_key`: a hash of the rendering code and of the local
+- its ``key`` is the reader's :func:`slurm_ft.history.query.render_key`: a hash of the rendering code and of the local
   time zone (times are printed in local time), so another slurm-ft version or ``TZ`` renders
   afresh;
 - no row of the record changed since it was rendered: triggers on ``jobs``, ``attempts``,
@@ -28,7 +28,7 @@ the job as before:
   inside one write transaction, so no change slips in between;
 - the output is one of the default ones: the chain view (with its header), ``-p``/``-P`` and
   ``-X -p``/``-X -P`` (the list's first line); no ``-o``, ``--delimiter``, ``--detail``, ``-s``,
-  ``-D``, ``--json`` (``slurm_ft.history.memo_kind``), and no row waits in the journal's spool.
+  ``-D``, ``--json`` (``slurm_ft.history.query.memo_kind``), and no row waits in the journal's spool.
 
 A user name held as a uid is shown as the name this host's passwd gave when the job was
 rendered. The memo costs about 1 KB a job for :data:`MEMO_DAYS` and 150 bytes for the rest of
@@ -37,7 +37,7 @@ rendered. The memo costs about 1 KB a job for :data:`MEMO_DAYS` and 150 bytes fo
 rendering code is deleted;
 none is written while the journal's filesystem has less than :data:`MIN_FREE_BYTES` free (a
 cache never takes the daemon's last free pages). Errors are the caller's to log: :func:`fill`
-raises ``sqlite3.Error``; :func:`slurm_ft.history.lookup` answers {} for a journal without the table.
+raises ``sqlite3.Error``; :func:`slurm_ft.history.query.lookup` answers {} for a journal without the table.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ import os
 import threading
 import time
 
-from slurm_ft import history as hist
-from slurm_ft import history_format as fmt
+from slurm_ft.history import query as hist
+from slurm_ft.history import format as fmt
 from slurm_ft.failover import policy
-from slurm_ft.history import render_key, row_key
+from slurm_ft.history.query import render_key, row_key
 from slurm_ft.journal.migrations import MEMO_TABLE as TABLE
 
 #: Days back (by the job record's last update) the memo holds whole rows (every default output).
@@ -70,7 +70,7 @@ def _finals() -> list[str]:
 
 def missing(conn, now: float, limit: int) -> list[int]:
     """Up to ``limit`` record keys of finished jobs updated within :data:`ROW_DAYS` that have no
-    memo row of this code (:func:`slurm_ft.history.render_key`; :func:`slurm_ft.history.row_key` past :data:`MEMO_DAYS`), the most
+    memo row of this code (:func:`slurm_ft.history.query.render_key`; :func:`slurm_ft.history.query.row_key` past :data:`MEMO_DAYS`), the most
     recently updated first."""
     finals = _finals()
     whole_since = now - MEMO_DAYS * 86400.0
@@ -85,7 +85,7 @@ def missing(conn, now: float, limit: int) -> list[int]:
 def render(journal, keys, now: float) -> list[tuple]:
     """(key, memo key, t0, t1, list text, chain text) for each finished record of ``keys``, by
     ``ft-history``'s own code (records whose ft state is not final are left out); a record last
-    updated before :data:`MEMO_DAYS` is its job row alone (:func:`slurm_ft.history.row_key`)."""
+    updated before :data:`MEMO_DAYS` is its job row alone (:func:`slurm_ft.history.query.row_key`)."""
     from slurm_ft.journal import identity
 
     keys = sorted({int(k) for k in keys})

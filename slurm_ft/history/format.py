@@ -25,7 +25,7 @@ from slurm_ft.textsafe import terminal_safe
 
 @dataclass(frozen=True)
 class Row:
-    h: dict                 #: the job's history (slurm_ft.history.history)
+    h: dict                 #: the job's history (slurm_ft.history.query.history)
     a: dict | None          #: the attempt described: this row's, or the job's newest
     job_row: bool
     now: float

@@ -36,10 +36,10 @@ slurm_ft_journal_spooled_rows            gauge   rows waiting in the journal's s
 slurm_ft_slurm_up                        gauge   0 when sinfo failed (node gauges then absent)
 slurm_ft_internal_errors_total           counter hook: unexpected errors (slurm-ft bugs) caught by
                                                  the root hooks' boundary on this host
-                                                 (slurm_ft.boundary; [node_state] dir)
+                                                 (slurm_ft.node.boundary; [node_state] dir)
 slurm_ft_kernel_log_unavailable_total    counter epilogs on this host that could not read the
                                                  kernel log: GPU faults there are found only by
-                                                 the trusted checks (slurm_ft.epilog)
+                                                 the trusted checks (slurm_ft.node.epilog)
 ======================================== ======= ==============================================
 """
 
@@ -55,10 +55,10 @@ from collections import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from slurm_ft import daemonlock
+from slurm_ft.failover import daemonlock
 from slurm_ft.errors import SlurmFTError
 
-log = logging.getLogger("slurm_ft.metrics")
+log = logging.getLogger("slurm_ft.admin.metrics")
 #: Upper bounds (seconds) of the time-to-recover histogram: the lab recovers in 0.3-1.2 s (a
 #: recovery within the second of the fault is 0 s: Slurm's start/end times are whole seconds, so
 #: ``le="0.5"`` counts them), an unblamed retry keeps Slurm's 121 s requeue delay, a held job may
@@ -232,7 +232,7 @@ class JournalCollector(Collector):
                                 value=trouble.waiting_rows(self.cfg.journal.path))
 
     def _internal_errors(self):
-        from slurm_ft.boundary import read_counts
+        from slurm_ft.node.boundary import read_counts
         counts = {hook: 0 for hook in HOOKS}
         counts.update(read_counts(self.cfg.node_state.dir))
         return _labelled(CounterMetricFamily, "slurm_ft_internal_errors",
@@ -240,7 +240,7 @@ class JournalCollector(Collector):
                          ["hook"], counts)
 
     def _kernel_log_unavailable(self):
-        from slurm_ft.boundary import KERNEL_LOG_FILE, read_counts
+        from slurm_ft.node.boundary import KERNEL_LOG_FILE, read_counts
         family = CounterMetricFamily("slurm_ft_kernel_log_unavailable",
                                      "Epilogs on this host that could not read the kernel log (GPU faults found "
                                      "only by the trusted checks)")

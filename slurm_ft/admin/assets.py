@@ -85,9 +85,9 @@ def venv_python() -> str:
 
 def slurm_ft_command() -> str:
     """How the daemon is started: ``<venv>/bin/slurm-ft`` when the entry point exists, else this
-    Python with ``-m slurm_ft.cli``."""
+    Python with ``-m slurm_ft.cli.main``."""
     script = Path(sys.prefix) / "bin" / "slurm-ft"
-    return str(script) if script.exists() else f"{venv_python()} -m slurm_ft.cli"
+    return str(script) if script.exists() else f"{venv_python()} -m slurm_ft.cli.main"
 
 
 def render_wrapper(kind: str, python: str, installed_at: str) -> str:
@@ -104,12 +104,12 @@ def render_wrapper(kind: str, python: str, installed_at: str) -> str:
 
 def render_unit(command: str, config: str = CONFIG_PATH) -> str:
     """The daemon's systemd unit; ``command``: the slurm-ft executable (or ``python -m
-    slurm_ft.cli``), ``config``: the ``SLURM_FT_CONFIG`` it reads."""
+    slurm_ft.cli.main``), ``config``: the ``SLURM_FT_CONFIG`` it reads."""
     words = command.split(" ")
     for w in words:
         if w.startswith("/"):
             plain_path(w, "slurm-ft command")
-        elif w not in ("-m", "slurm_ft.cli"):
+        elif w not in ("-m", "slurm_ft.cli.main"):
             raise ValueError(f"slurm-ft command: unexpected word {w!r} in {command!r}")
     return (data_text("install/slurm-ft-daemon.service.in").replace("@SLURM_FT@", command)
             .replace("@CONFIG@", plain_path(config, "config path")))

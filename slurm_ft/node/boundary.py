@@ -10,7 +10,7 @@ are its own business; :func:`root_entry` catches everything else — any excepti
 * one line goes to syslog (``LOG_DAEMON | LOG_ERR``, ident ``slurm-ft``);
 * the count ``slurm_ft_internal_errors_total{hook}`` is bumped in ``internal-errors.json`` under
   ``[node_state] dir`` (root-only; written temp-then-rename under ``flock``; read by
-  ``slurm-ft metrics`` on that host, slurm_ft.metrics);
+  ``slurm-ft metrics`` on that host, slurm_ft.admin.metrics);
 * the hook returns ``0`` under ``[node_state] on_internal_error = "pass"`` (the default: the job
   runs, the node stays in service) or ``1`` under ``"drain"`` (Slurm drains the node: "Prolog
   error"/"Epilog error"; the watcher's status is read by nobody). As a process, a hook exits
@@ -33,11 +33,11 @@ import traceback
 #: The counter file under ``[node_state] dir``: ``{"prolog": 3, ...}``.
 COUNTER_FILE = "internal-errors.json"
 #: Another counter file of the same shape: epilogs that could not read the kernel log
-#: (``{"epilog": n}``; slurm_ft.epilog, ``slurm_ft_kernel_log_unavailable_total``).
+#: (``{"epilog": n}``; slurm_ft.node.epilog, ``slurm_ft_kernel_log_unavailable_total``).
 KERNEL_LOG_FILE = "kernel-log-unavailable.json"
 #: Exit status of a hook after an internal error, by ``[node_state] on_internal_error``.
 EXIT = {"pass": 0, "drain": 1}
-#: Exit status of a root entry *process* (``python -I -m slurm_ft.prolog`` / ``.epilog``) that
+#: Exit status of a root entry *process* (``python -I -m slurm_ft.node.prolog`` / ``.epilog``) that
 #: refuses the job or drains the node on purpose: a failing health check, or an internal error
 #: under ``on_internal_error = "drain"`` (:func:`process_status`). The wrappers slurmd runs
 #: (``prolog/``, ``epilog/``; ``slurm_ft/data/install/slurm-ft-*.in``) turn it into 1 (Slurm
@@ -166,7 +166,7 @@ def _config(env: dict | None):
 
 
 def _fallback_log(hook: str, cfg, env: dict | None):
-    from slurm_ft.nodelog import NodeLog
+    from slurm_ft.node.log import NodeLog
     log = NodeLog(hook)
     node = _context.get("node") or (env if env is not None else os.environ).get("SLURMD_NODENAME", "")
     template = getattr(cfg.node_state, "log", "")

@@ -1,9 +1,9 @@
-"""``ft-history``'s side of the history service (slurm_ft.history_service): an ordinary user on a
+"""``ft-history``'s side of the history service (slurm_ft.history.service): an ordinary user on a
 login node, who cannot read the daemon's journal, gets their jobs' history from the controller.
 
 Runs as the user who runs ``ft-history``, on any host with MUNGE (every Slurm host). The query
-is the payload of a MUNGE credential made for this process's uid (:func:`slurm_ft.munge.encode`);
-the answer is the list of histories :func:`slurm_ft.history.select` would give that user,
+is the payload of a MUNGE credential made for this process's uid (:func:`slurm_ft.slurm.munge.encode`);
+the answer is the list of histories :func:`slurm_ft.history.query.select` would give that user,
 rendered by ``ft-history`` exactly as from the file.
 
 Where: ``[history] endpoint`` (``host:port``, comma-separated to try several), else every
@@ -79,17 +79,17 @@ class Answer:
     warnings: list
     #: "host:port" that answered
     where: str
-    #: ``ft-history -N``: each node's drains and repairs (slurm_ft.history.node_steps), None when
+    #: ``ft-history -N``: each node's drains and repairs (slurm_ft.history.query.node_steps), None when
     #: the query asked for no nodes
     nodes: dict | None = None
 
 
 def ask(cfg, sel, *, slurm=None, socket_path: str | None = None) -> Answer:
-    """Send selection ``sel`` (:class:`slurm_ft.history.Selection`) to the service and return its
+    """Send selection ``sel`` (:class:`slurm_ft.history.query.Selection`) to the service and return its
     answer. Raises :class:`ServiceError` (with what to do) when MUNGE cannot make a credential,
     no controller answers, or the service refuses the query."""
-    from slurm_ft import munge
-    from slurm_ft.history_protocol import MAX_REQUEST, MAX_RESPONSE, encode_query
+    from slurm_ft.slurm import munge
+    from slurm_ft.history.protocol import MAX_REQUEST, MAX_RESPONSE, encode_query
 
     payload = encode_query(sel)
     targets = endpoints(cfg, slurm)   # first: "no controller" is the clearer error when both fail
@@ -136,10 +136,10 @@ def _exchange(host: str, port: int, line: bytes, timeout_s: float, limit: int) -
 
 def _decode(raw: bytes, where: str, request: bytes, verify) -> Answer:
     """The answer in ``raw`` (proof line, JSON) to ``request``; ``verify``: credential text ->
-    :class:`slurm_ft.munge.Credential`. Raises :class:`ServiceError` for a refusal and for any
+    :class:`slurm_ft.slurm.munge.Credential`. Raises :class:`ServiceError` for a refusal and for any
     answer whose proof is not a credential of root binding this request to this JSON."""
-    from slurm_ft import munge
-    from slurm_ft.history_protocol import MAX_RESPONSE, proof_payload
+    from slurm_ft.slurm import munge
+    from slurm_ft.history.protocol import MAX_RESPONSE, proof_payload
 
     if len(raw) > MAX_RESPONSE + 4096:
         raise ServiceError(f"the history service at {where} sent more than {MAX_RESPONSE} bytes")
@@ -176,9 +176,9 @@ def _decode(raw: bytes, where: str, request: bytes, verify) -> Answer:
 
 
 def select(cfg, sel, *, slurm=None) -> tuple[list, SlurmFTError | None, int, dict | None]:
-    """``ft-history``'s hook (slurm_ft.history.command): ``(histories, the error for -j ids not
+    """``ft-history``'s hook (slurm_ft.history.query.command): ``(histories, the error for -j ids not
     found or None, 0, each node's steps for -N or None)`` from the service, as
-    :func:`slurm_ft.history.select` and :func:`slurm_ft.history.node_steps` give them from the
+    :func:`slurm_ft.history.query.select` and :func:`slurm_ft.history.query.node_steps` give them from the
     file; the service's warnings (a stuck daemon, journal trouble) are printed on stderr.
     Raises :class:`ServiceError`."""
     import click

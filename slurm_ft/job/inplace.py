@@ -251,7 +251,7 @@ def kernel_since(cfg, env, since_mono: float) -> tuple[list[str], dict | None, f
     node_bus = job_bus = None
     try:
         from slurm_ft import nvml
-        from slurm_ft.nodejob import parse_gpu_list
+        from slurm_ft.node.job import parse_gpu_list
         mine = parse_gpu_list(env.get("SLURM_JOB_GPUS")) or ()  # none: the job owns no GPU
         node_bus, job_bus = nvml.gpu_map(cfg, env.get("SLURMD_NODENAME", ""), mine)
     except Exception:  # no NVML: Xids are then not attributed to this node's GPUs at all

@@ -1,5 +1,5 @@
 """The history service's wire format, one module for both ends: the client's query
-(:func:`encode_query`; the service decodes it: slurm_ft.history_service.parse_query), its bounds,
+(:func:`encode_query`; the service decodes it: slurm_ft.history.service.parse_query), its bounds,
 and what the service's proof credential carries (:func:`proof_payload`). A request is one line:
 a MUNGE credential whose payload is the query; the answer is a proof line, then the JSON body."""
 
@@ -38,7 +38,7 @@ def _node_pieces(names) -> list[str]:
 
 
 def encode_query(sel, *, now: float | None = None) -> bytes:
-    """The payload for :class:`slurm_ft.history.Selection` ``sel`` (client side). ``nodes`` (``-N``)
+    """The payload for :class:`slurm_ft.history.query.Selection` ``sel`` (client side). ``nodes`` (``-N``)
     is sent only when set: a service that predates it refuses such a query as having an unknown
     field, and answers every other query as before."""
     nodes = getattr(sel, "nodes", None)

@@ -6,7 +6,7 @@ renamed ``PATH.1`` (``PATH.1`` -> ``PATH.2`` ..., ``backups`` kept) and a new on
 needs no logrotate; do not also point logrotate at the file (two rotators lose lines).
 
 The file is root's (the daemon runs as root): its directory must be a path only root can
-change (:func:`slurm_ft.install.untrusted`: every component root-owned, not group/other
+change (:func:`slurm_ft.admin.install.untrusted`: every component root-owned, not group/other
 writable), so no other user can plant or swap a name in it; the file is opened with
 ``O_NOFOLLOW`` (a symlink there is refused, never followed), must be a regular file with one
 link owned by this process's user, and is made mode 0640.
@@ -63,7 +63,7 @@ def attach(path: str, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> 
     """Send the root logger to ``path`` instead of stderr, in the format :func:`slurm_ft.logfmt.setup`
     chose (call that first). Raises :class:`LogFileError` for an untrusted directory or a file
     :func:`open_log` refuses."""
-    from slurm_ft.install import untrusted
+    from slurm_ft.admin.install import untrusted
     target = Path(os.path.abspath(path))
     bad = untrusted(target.parent)
     if bad:

@@ -9,7 +9,7 @@ import os
 import re
 
 from slurm_ft.errors import SlurmFTError
-from slurm_ft.nodejob import NodeJob
+from slurm_ft.node.job import NodeJob
 
 #: Slurm pads a number in a filename pattern to at most this many digits (sbatch(1): "The
 #: maximal number is 10").
@@ -57,7 +57,7 @@ def pattern_needs_job_record(pattern: str | bytes | None, job: NodeJob) -> bool:
 
 def with_job_record(cfg, job: NodeJob, log) -> NodeJob:
     """``job`` with its name and array ids from one ``scontrol show job`` (:meth:`Slurm.job`,
-    parsed by :mod:`slurm_ft.jobinfo`); ``job`` unchanged (and the reason logged) when slurmctld
+    parsed by :mod:`slurm_ft.slurm.jobinfo`); ``job`` unchanged (and the reason logged) when slurmctld
     cannot answer. A job that is not an array task gets ``array_job_id=0``,
     ``array_task_id=NO_VAL`` (Slurm's own values)."""
     import dataclasses

@@ -48,18 +48,18 @@ def daemon(once: bool, config_path: str | None, verbose: bool, log_format: str, 
         raise click.ClickException("slurm-ft daemon runs as root: it writes the journal and runs scontrol "
                                    "requeue/update/drain (systemd: slurm-ft install, docs/install.md)")
     if log_file:
-        from slurm_ft import logfile
+        from slurm_ft.failover import logfile
         try:
             logfile.attach(log_file, max_bytes=log_file_max_mb * 1024 * 1024, backups=log_file_backups)
         except SlurmFTError as exc:
             raise _fail(exc) from None
-    from slurm_ft import daemonlock
+    from slurm_ft.failover import daemonlock
     from slurm_ft.failover.daemon import Daemon
     from slurm_ft.journal import open_daemon_journal
     try:
         cfg = config_mod.load(config_path)
         open_daemon_journal(cfg).close()    # the journal's directory, with the journal's permissions
-        from slurm_ft.history_service import (  # users' ft-history from login nodes ([history] serve)
+        from slurm_ft.history.service import (  # users' ft-history from login nodes ([history] serve)
             serving)
         with daemonlock.acquire(cfg.journal.path), serving(cfg, enabled=not once):
             Daemon(cfg).run(once=once)
@@ -182,7 +182,7 @@ def run_command(restarts: int, delay_s: float, command: tuple[str, ...]) -> None
     not retried; hardware and anything else ends the job so that slurm-ft requeues it (elsewhere,
     for a hardware fault). Exits with the step's status. Each restart is recorded in the job's
     comment and shown by ft-history."""
-    from slurm_ft.inplace import run
+    from slurm_ft.job.inplace import run
     argv = list(command[1:] if command and command[0] == "--" else command)
     if not argv:
         raise click.UsageError("no command to run (slurm-ft run -- srun ...)")
@@ -430,12 +430,12 @@ def lab_demo(lab_dir: str) -> None:
     sys.exit(0 if ok else 1)
 
 
-from slurm_ft.admin_cli import doctor_command, install_command, metrics_command  # noqa: E402
+from slurm_ft.cli.admin import doctor_command, install_command, metrics_command  # noqa: E402
 from slurm_ft.bisect.cli import bisect_command  # noqa: E402
-from slurm_ft.breaker_cli import breaker_command  # noqa: E402
+from slurm_ft.cli.breaker import breaker_command  # noqa: E402
 from slurm_ft.classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
 from slurm_ft.health.cli import health_command  # noqa: E402
-from slurm_ft.wait import wait_command  # noqa: E402
+from slurm_ft.job.wait import wait_command  # noqa: E402
 
 main.add_command(bisect_command)
 main.add_command(breaker_command)

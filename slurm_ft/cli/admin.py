@@ -1,5 +1,5 @@
 """Admin commands: ``slurm-ft install``, ``slurm-ft doctor``, ``slurm-ft metrics`` (click only;
-the work is in :mod:`slurm_ft.install`, :mod:`slurm_ft.doctor`, :mod:`slurm_ft.metrics`)."""
+the work is in :mod:`slurm_ft.admin.install`, :mod:`slurm_ft.admin.doctor`, :mod:`slurm_ft.admin.metrics`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _default_conf_dir() -> str:
 
 
 # ------------------------------------------------------------------------------------ install
-# Roles and components are checked by slurm_ft.install.components_for (the table is package data,
+# Roles and components are checked by slurm_ft.admin.install.components_for (the table is package data,
 # read only when `install` runs: a broken table cannot break the other commands).
 @click.command("install")
 @click.option("--role", "role_names", multiple=True, metavar="ROLE",
@@ -57,8 +57,8 @@ def install_command(role_names: tuple[str, ...], prefix: str, dry_run: bool, onl
     ctld event hook with its tmpfiles.d entry, the daemon's systemd unit, a default
     /etc/slurm-ft/slurm-ft.toml. Idempotent; files others wrote or edited are never overwritten
     without --force. Run as root. Exit 1 when a file was left in conflict."""
-    from slurm_ft import install as inst
-    from slurm_ft.assets import venv_python
+    from slurm_ft.admin import install as inst
+    from slurm_ft.admin.assets import venv_python
     real = os.path.realpath(prefix) == "/"
     try:
         if real and not dry_run and os.geteuid() != 0:
@@ -131,7 +131,7 @@ def doctor_command(role: str, slurm_conf: str | None, node: str | None, as_json:
     Prolog/Epilog/PrologFlags, JobSubmitPlugins=lua and job_submit.lua, CliFilterPlugins, the
     plugstack line and the plugin, journals, the daemon's heartbeat, NVML, the config).
     Exit 1 when any check fails."""
-    from slurm_ft import doctor as doc
+    from slurm_ft.admin import doctor as doc
     cfg, cfg_error = None, None
     try:
         cfg = config_mod.load(config_path)
@@ -173,7 +173,7 @@ def metrics_command(textfile: str | None, port: int | None, address: str, no_slu
     and rule, drains, evacuations, continuations, max-retries, breaker state, daemon heartbeat
     age, time to recover. Prints them, writes a textfile-collector file, or serves them."""
     from slurm_ft import logfmt
-    from slurm_ft import metrics as m
+    from slurm_ft.admin import metrics as m
     from slurm_ft.slurm import Slurm
     if textfile and port:
         raise click.UsageError("--textfile and --port: choose one")

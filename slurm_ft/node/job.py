@@ -43,7 +43,7 @@ def parse_gpu_list(value: str | None) -> tuple[int, ...] | None:
     if not value:
         return None
     from slurm_ft.errors import HostlistError
-    from slurm_ft.indices import (  # ClusterShell's RangeSet only: not the Slurm client (issue 24, per-job cost)
+    from slurm_ft.slurm.indices import (  # ClusterShell's RangeSet only: not the Slurm client (issue 24, per-job cost)
         split_indices)
 
     try:
@@ -75,7 +75,7 @@ class NodeJob:
     stderr: str | None
     work_dir: str | None
     #: The job's name, ``SLURM_JOB_NAME``; None when the environment does not give it (Slurm
-    #: 22.05's Prolog/Epilog do not: slurm_ft.output_pattern.with_job_record asks slurmctld).
+    #: 22.05's Prolog/Epilog do not: slurm_ft.node.output_pattern.with_job_record asks slurmctld).
     job_name: str | None = None
     #: ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``: array master job id and task id; None when
     #: unknown. ``array_job_id == 0``: known not to be an array task (Slurm's own convention).
@@ -143,7 +143,7 @@ def _marker_path(state_dir: str, job: NodeJob) -> str:
 
 def write_start_marker(state_dir: str, job: NodeJob) -> None:
     """Record when (monotonic and wall clock, seconds) this attempt started on this node, and which
-    attempt it is (the epilog files its verdict under it: slurm_ft.epilog.attempt_that_ran)."""
+    attempt it is (the epilog files its verdict under it: slurm_ft.node.epilog.attempt_that_ran)."""
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     path = _marker_path(state_dir, job)
     tmp = f"{path}.{os.getpid()}.tmp"

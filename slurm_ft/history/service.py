@@ -3,9 +3,9 @@ controller from the daemon's journal, for the uid MUNGE vouches for (docs/archit
 "Users' own history"; docs/user-guide.md).
 
 Runs on the controller host as root: a child process of ``slurm-ft daemon`` (:func:`serving`,
-off with ``[history] serve = false``), ``python -m slurm_ft.history_service``. Reads the journal
+off with ``[history] serve = false``), ``python -m slurm_ft.history.service``. Reads the journal
 read-only; writes only a hang report's row (below) and, from a background thread, ``ft-history``'s
-text of finished jobs rendered ahead (slurm_ft.history_memo), never a decision.
+text of finished jobs rendered ahead (slurm_ft.history.memo), never a decision.
 
 Protocol (one TCP connection per query, ``[history] port``, default 6827):
 
@@ -22,7 +22,7 @@ Protocol (one TCP connection per query, ``[history] port``, default 6827):
 * answer (the connection is then closed): a **proof** line, then one JSON object (ASCII):
   ``{"v": 1, "ok": true, "user": NAME, "jobs": [history, ...], "error": str|null,
   "warnings": [str]}`` (with ``nodes`` asked: also ``"nodes": {node: [step, ...]}``,
-  :func:`slurm_ft.history.node_steps`) -- ``jobs`` exactly as :func:`slurm_ft.history.select` returns them,
+  :func:`slurm_ft.history.query.node_steps`) -- ``jobs`` exactly as :func:`slurm_ft.history.query.select` returns them,
   evidence lines included -- or ``{"v": 1, "ok": false, "error": str}``. Never a traceback.
   The proof of an answer is a MUNGE credential made by the service (root) that only the
   asking uid can decode, whose payload holds the SHA-256 of the request line and of the JSON
@@ -41,9 +41,9 @@ No decision reads that row; ``ft-history`` shows it to whoever may see the job.
 
 Who sees what: the caller's uid (from MUNGE, never a name the request or a job sets) is matched
 against each job's owner as Slurm recorded it (``jobs.user``: Slurm's ``UserId`` of the job,
-slurm_ft.jobinfo); root and ``SlurmUser`` see every job; under ``PrivateData=jobs`` everyone
+slurm_ft.slurm.jobinfo); root and ``SlurmUser`` see every job; under ``PrivateData=jobs`` everyone
 else sees only their own, and another user's job reads exactly like an unknown one
-(:class:`slurm_ft.history.Viewer`, the rules ``ft-history`` applies to the file's readers).
+(:class:`slurm_ft.history.query.Viewer`, the rules ``ft-history`` applies to the file's readers).
 ``PrivateData`` and ``SlurmUser`` are read with ``scontrol show config`` every
 :data:`ACCESS_TTL_S`; when Slurm cannot be asked, every caller but root is treated as under
 ``PrivateData=jobs`` (fail closed).
@@ -76,13 +76,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from slurm_ft import munge
+from slurm_ft.slurm import munge
 from slurm_ft.errors import SlurmFTError
 from slurm_ft.hang import report as hang_report
-from slurm_ft.history_protocol import (MAX_ITEMS, MAX_QUERY, MAX_REQUEST, MAX_RESPONSE, SERVICE, VERSION, BadRequest,
+from slurm_ft.history.protocol import (MAX_ITEMS, MAX_QUERY, MAX_REQUEST, MAX_RESPONSE, SERVICE, VERSION, BadRequest,
                                proof_payload)
 
-log = logging.getLogger("slurm_ft.history_service")
+log = logging.getLogger("slurm_ft.history.service")
 
 #: Seconds a client has to send its request.
 REQUEST_READ_S = 10.0
@@ -133,11 +133,11 @@ def _time(q: dict, key: str, *, optional: bool = False) -> float | None:
 
 
 def parse_query(payload: bytes):
-    """A :class:`slurm_ft.history.Selection` from a credential's payload. Raises
+    """A :class:`slurm_ft.history.query.Selection` from a credential's payload. Raises
     :class:`BadRequest` naming what is wrong, for anything but a well-formed query of this
     service's version (whatever ``payload`` holds)."""
-    from slurm_ft.history import Selection, parse_job_ids, parse_states
-    from slurm_ft.history_format import user_name
+    from slurm_ft.history.query import Selection, parse_job_ids, parse_states
+    from slurm_ft.history.format import user_name
 
     if len(payload) > MAX_QUERY:
         raise BadRequest(f"the query is larger than {MAX_QUERY} bytes")
@@ -192,7 +192,7 @@ def parse_query(payload: bytes):
         extra["accounts"] = frozenset(a.lower() for a in accounts)
     pieces = _strings(q, "nodes", optional=True)
     if pieces is not None:
-        from slurm_ft.history import MAX_NODES, parse_nodelist
+        from slurm_ft.history.query import MAX_NODES, parse_nodelist
 
         names: set[str] = set()
         for piece in pieces:
@@ -246,7 +246,7 @@ class SlurmAccess:
 
 
 def viewer_for(uid: int, access: Access):
-    """The :class:`slurm_ft.history.Viewer` of MUNGE-authenticated ``uid``: its name on this host
+    """The :class:`slurm_ft.history.query.Viewer` of MUNGE-authenticated ``uid``: its name on this host
     (the controller, where Slurm names job owners); a job recorded under the uid's digits counts
     as its own too."""
     try:
@@ -261,7 +261,7 @@ def viewer_for(uid: int, access: Access):
 
 @functools.lru_cache(maxsize=1)
 def _viewer_class():
-    from slurm_ft.history import Viewer
+    from slurm_ft.history.query import Viewer
 
     class UidViewer(Viewer):
         def may_see(self, job) -> bool:
@@ -285,9 +285,9 @@ class HistoryService:
     """Answers one request (bytes of the line, without its newline) with the answer's bytes;
     :meth:`handle` never raises.
 
-    ``authenticate``: credential text -> :class:`slurm_ft.munge.Credential` (default
-    :func:`slurm_ft.munge.decode`); ``sign``: (payload, uid) -> the proof credential (default
-    :func:`slurm_ft.munge.encode` for that uid alone); ``access``: () -> :class:`Access`;
+    ``authenticate``: credential text -> :class:`slurm_ft.slurm.munge.Credential` (default
+    :func:`slurm_ft.slurm.munge.decode`); ``sign``: (payload, uid) -> the proof credential (default
+    :func:`slurm_ft.slurm.munge.encode` for that uid alone); ``access``: () -> :class:`Access`;
     ``journal_path``: the journal (default ``[journal] path``)."""
 
     def __init__(self, cfg, *, authenticate: Callable | None = None, sign: Callable | None = None,
@@ -371,7 +371,7 @@ class HistoryService:
         if attempt is None:
             raise NotYet(f"hang report for job {r.job_id}: attempt {r.attempt} not in the journal")
         if attempt.get("nodes"):
-            from slurm_ft.history import parse_nodelist
+            from slurm_ft.history.query import parse_nodelist
             try:
                 nodes = parse_nodelist(attempt["nodes"])
             except ValueError:
@@ -413,7 +413,7 @@ class HistoryService:
         return cred
 
     def _answer(self, sel, viewer) -> bytes:
-        from slurm_ft.history import _not_in_journal, select
+        from slurm_ft.history.query import _not_in_journal, select
 
         now = self.clock()
         journal = self._journal()
@@ -421,14 +421,14 @@ class HistoryService:
         error = str(_not_in_journal(journal, missing, viewer)) if missing else None
         extra = {}
         if getattr(sel, "nodes", None) is not None:     # -N: each node's drains and repairs, as the viewer may see them
-            from slurm_ft.history import node_steps
+            from slurm_ft.history.query import node_steps
             extra["nodes"] = node_steps(journal, sel.nodes, sel.start, now if sel.end is None else sel.end, viewer)
         return _reply(ok=True, user=viewer.user, jobs=found, error=error, warnings=self._warnings(now), **extra)
 
     def _warnings(self, now: float) -> list[str]:
         """What ``ft-history`` on the controller would warn about: a daemon whose cycles stopped
         (this service may outlive a stuck loop), rows waiting to be written."""
-        from slurm_ft import daemonlock
+        from slurm_ft.failover import daemonlock
         from slurm_ft.journal import trouble
 
         out = []
@@ -603,7 +603,7 @@ class Supervisor:
         self._next = 0.0
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-I", "-m", "slurm_ft.history_service", "--parent-pid", str(os.getpid())]
+        argv = [sys.executable, "-I", "-m", "slurm_ft.history.service", "--parent-pid", str(os.getpid())]
         return argv + (["--config", self.cfg.source] if self.cfg.source else [])
 
     def check(self) -> None:
@@ -639,13 +639,13 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m slurm_ft.history_service [--config PATH] [--parent-pid PID]`` (root, the
+    """``python -m slurm_ft.history.service [--config PATH] [--parent-pid PID]`` (root, the
     controller; normally started by the daemon). Exit 0 when stopped (SIGTERM, or PID gone),
     1 when it cannot start (the port taken, a bad config: said on stderr)."""
     from slurm_ft import config as config_mod
     from slurm_ft import logfmt
 
-    ap = argparse.ArgumentParser(prog="slurm_ft.history_service", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="slurm_ft.history.service", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config")
     ap.add_argument("--parent-pid", type=int, default=0)
     args = ap.parse_args(argv)
@@ -666,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("history service listening on %s:%s (journal %s)", *server.address, cfg.journal.path)
-    from slurm_ft.history_memo import Filler     # ft-history's text of finished jobs, rendered ahead
+    from slurm_ft.history.memo import Filler     # ft-history's text of finished jobs, rendered ahead
     Filler(cfg.journal.path, stop, log, cfg.journal.read_group).start()
     server.serve_forever(lambda: not stop.is_set() and (not args.parent_pid or os.getppid() == args.parent_pid))
     server.stop()

@@ -9,7 +9,7 @@ field in Slurm (see ``failover.mailbox``), where the daemon picks it up. The ver
 the attempt that ran here (the prolog's start marker), not Slurm's restart count at the end.
 
 Exits 0: a non-zero epilog would make Slurm drain the node as "Epilog error", and a bug of ours
-must never take a healthy node out of service (an unexpected error goes through slurm_ft.boundary;
+must never take a healthy node out of service (an unexpected error goes through slurm_ft.node.boundary;
 only ``[node_state] on_internal_error = "drain"`` makes :func:`run` return 1, and the process
 exit ``boundary.EXIT_DRAIN``, which the wrapper maps to 1). Errors go to stderr (slurmd's log) and
 the node log.
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import time
 
-from slurm_ft.boundary import KERNEL_LOG_FILE, bump, note, root_entry
+from slurm_ft.node.boundary import KERNEL_LOG_FILE, bump, note, root_entry
 from slurm_ft.errors import SlurmFTError
-from slurm_ft.nodejob import NodeJob, pop_start_marker
-from slurm_ft.nodelog import start_script
-from slurm_ft.output_pattern import (
+from slurm_ft.node.job import NodeJob, pop_start_marker
+from slurm_ft.node.log import start_script
+from slurm_ft.node.output_pattern import (
     PatternError, expand_pattern, pattern_needs_job_record, with_job_record)
 
 #: If the prolog left no start marker, look this far back in the kernel log (seconds).
@@ -69,7 +69,7 @@ def gather_evidence(cfg, job: NodeJob, since_monotonic: float, log):
 def read_outputs(cfg, job: NodeJob, log, read_tail) -> tuple[str, tuple[str, ...]]:
     """The tail of the job's stderr then stdout (each at most :data:`STDERR_TAIL_BYTES`, read by
     ``read_tail(path, expected_uid=, max_bytes=)``: as the job's user, symlinks never followed,
-    bounded in bytes and seconds, slurm_ft.userfile), and one ``output not read: <reason>`` line
+    bounded in bytes and seconds, slurm_ft.node.userfile), and one ``output not read: <reason>`` line
     per output that could not be read (a pattern slurm-ft will not expand, a file it may not
     read). One ``scontrol show job`` only when a pattern needs the job name or array ids the
     environment lacks (:func:`pattern_needs_job_record`); the same file named twice is read once."""
@@ -234,7 +234,7 @@ def with_recurrence(cfg, job: NodeJob, evidence, verdict, policy, log):
 @root_entry("epilog")
 def run(env: dict[str, str] | None = None) -> int:
     """The whole epilog; returns the process exit status (0; an unexpected error goes through
-    slurm_ft.boundary: 0 under ``[node_state] on_internal_error = "pass"``, 1 under ``"drain"``)."""
+    slurm_ft.node.boundary: 0 under ``[node_state] on_internal_error = "pass"``, 1 under ``"drain"``)."""
     job, cfg, log = start_script("epilog", env)
     if cfg is None:
         return 0
@@ -441,7 +441,7 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
     from slurm_ft.failover import mailbox
     from slurm_ft.failover.verdict import NodeVerdict
     from slurm_ft.journal import identity, open_node_journal
-    from slurm_ft.nodejob import node_key
+    from slurm_ft.node.job import node_key
 
     v = NodeVerdict.from_classified(verdict, job_id=job.job_id, attempt=job.attempt, node=job.node,
                                     exit_code=job.exit_code, time=time.time())
@@ -486,9 +486,9 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
 
 
 def main() -> None:
-    """The process entry (``python -m slurm_ft.epilog``; the checkout's wrapper calls it after its
-    ``-S`` start): run the epilog and exit (slurm_ft.boundary.exit_process)."""
-    from slurm_ft.boundary import exit_process
+    """The process entry (``python -m slurm_ft.node.epilog``; the checkout's wrapper calls it after its
+    ``-S`` start): run the epilog and exit (slurm_ft.node.boundary.exit_process)."""
+    from slurm_ft.node.boundary import exit_process
     exit_process(run())
 
 

@@ -11,7 +11,7 @@ the node's journal.
 Exit status: 0 lets the job start. Non-zero only when a health check fails: Slurm then drains the
 node and requeues the job (the daemon releases it elsewhere at once, see failover/daemon.py).
 Our own errors never block a job: they are logged and the prolog exits 0; an unexpected one
-(a bug) goes through slurm_ft.boundary, whose ``[node_state] on_internal_error`` decides (default
+(a bug) goes through slurm_ft.node.boundary, whose ``[node_state] on_internal_error`` decides (default
 ``pass``: exit 0). :func:`run` returns 1 for a refusal; the process (``python -m``) exits
 ``boundary.EXIT_DRAIN`` (3) for it, which the wrapper turns into 1, so that the wrapper can tell
 it from a crash before the boundary (an import error: Python's 1).
@@ -20,17 +20,17 @@ it from a crash before the boundary (an import error: Python's 1).
 from __future__ import annotations
 
 
-from slurm_ft.boundary import note, report, root_entry
+from slurm_ft.node.boundary import note, report, root_entry
 from slurm_ft.errors import SlurmFTError
-from slurm_ft.nodejob import NodeJob, write_start_marker
-from slurm_ft.nodelog import start_script
+from slurm_ft.node.job import NodeJob, write_start_marker
+from slurm_ft.node.log import start_script
 
 
 @root_entry("prolog")
 def run(env: dict[str, str] | None = None, *, detach: bool = False) -> int:
     """The whole prolog; returns the process exit status (see module doc).
 
-    ``detach`` (the ``python -m slurm_ft.prolog`` entry point): work that cannot change the exit
+    ``detach`` (the ``python -m slurm_ft.node.prolog`` entry point): work that cannot change the exit
     status (a passing job's health rows for the journal) is done by a child process detached from
     the prolog (:func:`after_exit`), so Slurm starts the job without waiting for the journal
     (issue 24, docs/architecture.md "Per-job cost"). Without it (in-process callers, tests) that
@@ -65,7 +65,7 @@ def after_exit(work: list, cfg, log) -> None:
     EOF: a child holding it would keep the job waiting); only then does the parent return (a pipe
     handshake). The child then lowers its CPU priority (:data:`AFTER_EXIT_NICE`: on a busy node the
     job's own start goes first). Errors in the child go to the node log, syslog and the internal-error counter
-    (slurm_ft.boundary.report); they cannot change the prolog's exit status, which nothing in
+    (slurm_ft.node.boundary.report); they cannot change the prolog's exit status, which nothing in
     ``work`` may decide. When no child can be made, ``work`` runs here, before returning."""
     import os
 
@@ -228,9 +228,9 @@ def health_gate(cfg, job: NodeJob, log, env: dict[str, str] | None = None, later
 
 
 def main() -> None:
-    """The process entry (``python -m slurm_ft.prolog``; the checkout's wrapper calls it after its
-    ``-S`` start): run the prolog with detached journaling and exit (slurm_ft.boundary.exit_process)."""
-    from slurm_ft.boundary import exit_process
+    """The process entry (``python -m slurm_ft.node.prolog``; the checkout's wrapper calls it after its
+    ``-S`` start): run the prolog with detached journaling and exit (slurm_ft.node.boundary.exit_process)."""
+    from slurm_ft.node.boundary import exit_process
     exit_process(run(detach=True))
 
 

@@ -1,0 +1,1 @@
+"""What an admin runs: ``slurm-ft install``, ``doctor``, ``metrics``, and the files slurm-ft puts beside Slurm."""

@@ -1,0 +1,1 @@
+"""Click entry points only; library errors become ``Error: ...``."""
