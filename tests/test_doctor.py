@@ -4,6 +4,7 @@ text) and files installed by `slurm-ft install` under a temporary prefix."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -141,6 +142,18 @@ def test_wrapper_python_that_cannot_import_slurm_ft_fails(site):
     env = env_for(site, roles=("node",), python_probe=lambda py, mod: f"ModuleNotFoundError: No module named '{mod}'")
     checks = by_name(doctor.run(env))
     assert checks["prolog"].status == "FAIL" and "cannot import slurm_ft.node.prolog" in checks["prolog"].detail
+
+
+def test_a_wrapper_written_before_the_node_room_fails_with_the_fix(site):
+    """A wrapper an older slurm-ft wrote runs ``-m slurm_ft.prolog``; this version's hooks live in
+    ``slurm_ft.node``: doctor names the move and the reinstall, instead of passing it by."""
+    prolog = site["libexec"] / "slurm-ft-prolog"
+    prolog.write_text(assets.render_wrapper("prolog", sys.executable, str(prolog))
+                      .replace("slurm_ft.node.prolog", "slurm_ft.prolog"))
+    checks = by_name(doctor.run(env_for(site, roles=("node",))))
+    assert checks["prolog"].status == "FAIL" and "runs slurm_ft.prolog" in checks["prolog"].detail
+    assert "slurm-ft install --only wrappers" in checks["prolog"].fix
+    assert checks["epilog"].status == "OK"
 
 
 def test_prolog_setting_that_runs_something_else_fails(site):

@@ -143,6 +143,10 @@ def _script_check(env: Env, key: str, kind: str) -> list[Check]:
         except OSError:
             continue
         if f"slurm_ft.node.{kind}" not in text:
+            if re.search(rf"\bslurm_ft\.{kind}\b", text):    # a wrapper written before the node/ room
+                return [Check(name, "FAIL", f"{f} runs slurm_ft.{kind}, which is slurm_ft.node.{kind} since "
+                                            f"this version: every job here fails its {kind}",
+                              "slurm-ft install --only wrappers (from the venv slurm-ft runs in), docs/install.md")]
             continue
         problems = []
         bad = untrusted(f)
