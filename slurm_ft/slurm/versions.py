@@ -1,0 +1,66 @@
+"""Slurm versions and how a job is requeued in each: the version differences in requeue behaviour
+that slurm-ft and its benchmarks rely on (docs/lab.md lists every Slurm version difference).
+
+* **Expedited requeue** (Slurm >= 25.11): ``sbatch --requeue=expedite`` is accepted only where
+  slurm.conf's ``SlurmctldParameters`` holds ``enable_expedited_requeue`` (else the submission fails:
+  ``Requested operation not supported on this system``, slurmctld logs ``Expedited requeue
+  requested but not enabled``; measured on 26.05.5: the word in ``SchedulerParameters`` does not
+  enable it). Such a job that exits non-zero is kept (``JOB_REQUEUE|JOB_EXPEDITING``, state
+  ``EXPEDITING``) until its node epilogs end; if one failed (or a node failed) it is requeued with
+  ``begin_time = 0`` (eligible at once) as the highest-priority job; if none failed it is requeued
+  **held** (state ``REQUEUE_HOLD``; slurmctld: ``holding expedited requeue ... as no epilogs
+  failed``): it never runs again by itself. ``scontrol show job`` prints ``ExpeditedRequeue=Yes``.
+* **Plain requeue**: ``begin_time = now + requeue_delay + 1`` s; before 26.05 ``requeue_delay`` is
+  the credential lifetime (120 s), from 26.05 on ``SchedulerParameters=requeue_delay=`` sets it
+  (default as before).
+* **When the scheduler runs after a change**: on 22.05 the epilog-complete RPC calls ``schedule()``
+  at once; ``scontrol update`` only asks for a pass at the next whole-second tick of slurmctld's
+  background thread.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: First Slurm release with expedited requeue (``--requeue=expedite``).
+EXPEDITED_REQUEUE_SINCE = (25, 11)
+#: The slurm.conf key and the word in it that let jobs ask for expedited requeue.
+EXPEDITE_CONF_KEY = "SlurmctldParameters"
+EXPEDITE_CONF_WORD = "enable_expedited_requeue"
+#: The job states of an expedited job between its end and its next run (``squeue --json``
+#: ``job_state`` items): waiting for its epilogs / requeued held because none failed.
+EXPEDITING_STATE = "EXPEDITING"
+REQUEUE_HOLD_STATE = "REQUEUE_HOLD"
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a Slurm version as ``scontrol --version`` / ``slurmctld -V`` print it
+    (``slurm 22.05.8``, ``slurm-wlm 26.05.5``, ``26.05``); None if there is none."""
+    m = re.search(r"(?<![\d.])(\d{2})\.(\d{1,2})(?:\.\d+)?", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def has_expedited_requeue(version: str | tuple[int, int] | None) -> bool:
+    """Whether Slurm ``version`` (text or ``(major, minor)``) knows ``--requeue=expedite``."""
+    v = parse_version(version) if isinstance(version, str) else version
+    return v is not None and v >= EXPEDITED_REQUEUE_SINCE
+
+
+def requeue_option(version: str | tuple[int, int] | None, expedite: bool = False) -> str:
+    """The sbatch option of a requeue-able job: ``--requeue=expedite`` when ``expedite`` (raises
+    ValueError before 25.11, which has no such value), else ``--requeue``."""
+    if not expedite:
+        return "--requeue"
+    if not has_expedited_requeue(version):
+        raise ValueError(f"Slurm {version}: no expedited requeue before "
+                         f"{EXPEDITED_REQUEUE_SINCE[0]}.{EXPEDITED_REQUEUE_SINCE[1]:02d}")
+    return "--requeue=expedite"
+
+
+def with_param(value: str | None, word: str) -> str:
+    """A ``SlurmctldParameters``/``SchedulerParameters`` value (comma list, None: unset) with ``word`` in it once
+    (``key=`` words replace an earlier value of that key)."""
+    items = [x for x in (value or "").split(",") if x.strip()]
+    key = word.split("=", 1)[0]
+    items = [x for x in items if x.split("=", 1)[0] != key]
+    return ",".join([*items, word])
