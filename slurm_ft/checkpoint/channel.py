@@ -25,7 +25,7 @@ import os
 
 from slurm_ft.data.client import slurm_ft_job as _job
 from slurm_ft.data.client.slurm_ft_job import (  # noqa: F401 (re-exports)
-    MAX_PATH, PREFIX, STATES, Ack, find, merge)
+    PREFIX, STATES, Ack, find, merge)
 from slurm_ft.errors import SlurmFTError
 
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 from slurm_ft.errors import SlurmCommandError
 from slurm_ft.slurm.indices import split_indices  # noqa: F401 - split_indices is public here too
-from slurm_ft.slurm.records import (ENDED_STATES, Job, Node, compress_nodes, parse_boot_time, parse_config,  # noqa: F401
+from slurm_ft.slurm.records import (Job, Node, compress_nodes, parse_boot_time, parse_config,  # noqa: F401
                       parse_gres, parse_kv_line, parse_slurm_conf, private_data, slurmctld_hosts, split_nodes)
 
 #: Fixed PATH for every child: root code never trusts the caller's PATH.
