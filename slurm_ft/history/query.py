@@ -496,7 +496,7 @@ def _read(conn, sql: str, args) -> tuple[list[str], list[tuple]]:
 # Finished jobs rendered ahead by the history service (slurm_ft.history.memo, the write side):
 # which rows this process may print as they are.
 #: The modules whose code decides the text (hashed into :func:`render_key`).
-_CODE = ("history.py", "history_format.py", "textsafe.py", "hang/report.py", "history_memo.py")
+_CODE = ("history/query.py", "history/format.py", "textsafe.py", "hang/report.py", "history/memo.py")
 
 
 def tz_key() -> str:
@@ -506,7 +506,7 @@ def tz_key() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _code_hash() -> str:
-    base = Path(__file__).resolve().parent
+    base = Path(__file__).resolve().parent.parent        # the package: _CODE's paths are below it
     h = hashlib.sha256()
     try:
         for name in _CODE:
