@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from slurm_ft.history import query as history_mod
 from slurm_ft.history import memo as history_memo
 from slurm_ft.failover import policy
-from slurm_ft.history.query import FT_STATES, command
+from slurm_ft.history.query import FT_STATES
+from slurm_ft.cli.history import command
 from slurm_ft.journal import open_journal
 
 NOW = time.time()

@@ -194,7 +194,7 @@ def test_doctor_metrics_and_ft_history_name_a_full_journal_disk(tmpfs, tmp_path)
     from slurm_ft import config as config_mod
     from slurm_ft.admin import doctor
     from slurm_ft.admin import metrics
-    from slurm_ft.history.query import command
+    from slurm_ft.cli.history import command
 
     path = tmpfs / "journal" / "daemon.db"
     open_journal(path).close()

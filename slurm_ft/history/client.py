@@ -176,7 +176,7 @@ def _decode(raw: bytes, where: str, request: bytes, verify) -> Answer:
 
 
 def select(cfg, sel, *, slurm=None) -> tuple[list, SlurmFTError | None, int, dict | None]:
-    """``ft-history``'s hook (slurm_ft.history.query.command): ``(histories, the error for -j ids not
+    """``ft-history``'s hook (slurm_ft.cli.history.command): ``(histories, the error for -j ids not
     found or None, 0, each node's steps for -N or None)`` from the service, as
     :func:`slurm_ft.history.query.select` and :func:`slurm_ft.history.query.node_steps` give them from the
     file; the service's warnings (a stuck daemon, journal trouble) are printed on stderr.
