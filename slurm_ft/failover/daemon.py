@@ -113,8 +113,8 @@ class Daemon:
         self._priority: dict[int, int] = {}                    # job -> last priority > 0 seen
         self._gpus: dict[tuple[int, int], dict] = {}           # (job, attempt) -> node -> GPUs
         self._light: dict[int, tuple] = {}                     # job -> (state, reason, nodes) last seen
-        self._backlog: dict[int, None] = {}
-        self.bisect_proc = None                                # the bisect [bisect] auto started (Popen)                    # full-scan reads not done yet, in order
+        self._backlog: dict[int, None] = {}                    # routine reads not done yet, in order
+        self.bisect_proc = None                                # the bisect [bisect] auto started (Popen)
         self._ft: set[int] = self.journal.active_ft_jobs()     # ft jobs on record, not yet final
         self._seen_keys: set[tuple] = set()                    # mailbox records journaled (node, key, time)
         self._renewed_ids: set[int] = set()                    # (identity, reset each cycle)
