@@ -96,9 +96,12 @@ def _secure_path(path: Path, mode: int, gid: int | None, *, create: bool) -> Non
             return _secure_path(path, mode, gid, create=False)
         os.close(fd)  # a file nobody has open yet: no lock to lose
         st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
+    from slurm_ft import pathtrust   # no symlink, a regular file; owner and mode are repaired below
+
+    why = pathtrust.judge(st, pathtrust.Rule(owners=None, forbid=0, kind=pathtrust.FILE))
+    if why == pathtrust.SYMLINK:
         raise JournalError(f"{path}: is a symlink; refusing to write a journal through it")
-    if not stat.S_ISREG(st.st_mode):
+    if why is not None:
         raise JournalError(f"{path}: not a regular file")
     euid = os.geteuid()
     if euid == 0:
