@@ -483,20 +483,12 @@ def _running(job: Job, f: Facts, v: View, ack: RecordAck | None) -> list[Action]
 
 
 def health_drain(node) -> tuple[str, int | None] | None:
-    """(check, GPU index or None) if slurm-ft drained ``node`` for a failing health check
-    (reason ``slurm-ft: <check>: [GPU<n> ]<measurement>``), else None."""
-    import re
-
-    from slurm_ft.drain.reason import LEADER
-    from slurm_ft.health.config import CHECK_NAMES
-
-    if node is None or not node.drained or not node.reason.startswith(LEADER):
+    """(check, GPU index or None) if slurm-ft drained ``node`` (a :class:`slurm_ft.slurm.Node`, or
+    None) for a failing health check, else None: the node's typed ``failed_check``, read once from
+    its reason (``slurm-ft: <check>: [GPU<n> ]<measurement>``) when Slurm's record was read."""
+    if node is None or not node.drained or node.failed_check is None:
         return None
-    check, sep, rest = node.reason[len(LEADER):].strip().partition(":")
-    if not sep or check not in CHECK_NAMES:
-        return None
-    m = re.search(r"\bGPU(\d+)\b", rest)
-    return check, int(m.group(1)) if m else None
+    return node.failed_check.check, node.failed_check.gpu
 
 
 def evacuation_target(job: Job, f: Facts, v: View) -> tuple[str, str, int | None] | None:
