@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from slurm_ft.drain.reason import LEADER, FailedCheck, health_reason, read_health_reason
 from slurm_ft.failover import machine as m
@@ -27,6 +27,10 @@ measurements = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max
 
 
 @given(st.sampled_from(CHECK_NAMES), st.one_of(st.none(), st.integers(0, 4096)), measurements)
+@example("temperature", 5, "GPU51 at 91 C")           # names GPU5 only as part of another word
+@example("xid_events", 2, "Xid 79 on nvGPU2")
+@example("nvlink", 5, "GPU3 link to GPU5 down")        # names another GPU first
+@example("row_remap", 1, "GPU1 row remap pending")     # names it first: written once
 def test_a_health_reason_reads_back_as_its_check_and_gpu(check, gpu, measurement):
     """What :func:`health_reason` writes, :func:`read_health_reason` reads back: the check, and the
     GPU (None for a node-level result whose measurement names no GPU)."""
@@ -36,6 +40,8 @@ def test_a_health_reason_reads_back_as_its_check_and_gpu(check, gpu, measurement
     assert reason is not None and reason.startswith(f"{LEADER} {check}: ") and len(reason) <= 200
     assert read_health_reason(reason, CHECK_NAMES) == FailedCheck(check, gpu)
     assert node(reason).failed_check == (check, gpu)
+    if gpu is not None and re.match(rf"GPU{gpu}\b", measurement):
+        assert reason == f"{LEADER} {check}: {measurement}"[:200]
 
 
 def test_other_reasons_name_no_failed_check():

@@ -64,13 +64,16 @@ def health_reason(results) -> str | None:
     """The drain reason of a node's health results (``slurm_ft.health`` results: ``status``,
     ``check``, ``gpu``, ``measurement``): ``slurm-ft: <check>: [GPU<n> ]<measurement>`` for the
     first failing result (cut to Slurm's 200 characters), or None if none fails. ``GPU<n> `` is
-    written unless the measurement already names that GPU first. :func:`read_health_reason`
-    reads the check and GPU back (the daemon, from the node's record: slurm_ft.slurm.records.Node)."""
+    written unless the measurement already names that GPU first, as :func:`read_health_reason`
+    reads it back (the daemon, from the node's record: slurm_ft.slurm.records.Node): one naming
+    another GPU first, or ``GPU51`` for GPU 5, gets it."""
     failing = [r for r in results if r.status == "fail"]
     if not failing:
         return None
     first = failing[0]
-    where = f"GPU{first.gpu} " if first.gpu is not None and f"GPU{first.gpu}" not in first.measurement else ""
+    named = _GPU.search(first.measurement)
+    named_first = named is not None and first.gpu is not None and int(named.group(1)) == first.gpu
+    where = f"GPU{first.gpu} " if first.gpu is not None and not named_first else ""
     return f"{LEADER} {first.check}: {where}{first.measurement}"[:200]
 
 
