@@ -30,7 +30,6 @@ States (the ft state users see, docs/architecture.md) and what moves a job on:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -112,19 +111,11 @@ class Facts:
         return sum(1 for a in self.actions if a["action"] == action and a["status"] == "done")
 
     def failover_kinds(self) -> list[str]:
-        """``blamed`` / ``unblamed`` (the daemon's own failovers: JSON detail with ``blamed``) or
-        ``evacuation`` (plain-text detail), oldest first."""
-        kinds = []
-        for a in self.actions:
-            if a["action"] != "failover":
-                continue
-            try:
-                detail = json.loads(a["detail"] or "{}")
-            except ValueError:
-                kinds.append("evacuation")
-                continue
-            kinds.append("unblamed" if isinstance(detail, dict) and not detail.get("blamed") else "blamed")
-        return kinds
+        """The kinds of the job's ``failover`` rows, oldest first: their typed ``kind`` column
+        (``blamed``, ``unblamed`` or, on a row from before that column whose text was no JSON,
+        ``evacuation``; slurm_ft.journal.migrations ``FAILOVER_KINDS``), as the journal's
+        ``actions`` gives it."""
+        return [a["kind"] for a in self.actions if a["action"] == "failover"]
 
     def runtime_s(self) -> float:
         return sum(max(0.0, a["end"] - a["start"]) for a in self.attempts if a.get("start") and a.get("end"))
