@@ -5,14 +5,19 @@ back-filled once from old rows' text."""
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 
 from hypothesis import example, given, strategies as st
 
 from slurm_ft.drain.reason import LEADER, FailedCheck, health_reason, read_health_reason
 from slurm_ft.failover import machine as m
 from slurm_ft.health.result import CHECK_NAMES, CheckResult
-from slurm_ft.slurm import Node
+from slurm_ft.job import inplace
+from slurm_ft.job.inplace import Record
+from slurm_ft.journal import migrations, open_journal
+from slurm_ft.slurm import Job, Node
 
 #: A GPU as a health reason names it (``GPU<n>``, a word of its own).
 GPU_WORD = r"\bGPU\d+\b"
@@ -70,3 +75,130 @@ def test_the_machine_reads_the_node_records_typed_check():
     assert m.health_drain(drained) is None
     built = Node("n2", "IDLE", ["DRAIN"], "slurm-ft: pcie_link: link gen 3 < 4", "root", "", "", {})
     assert m.health_drain(built) == ("pcie_link", None)          # any construction reads it once
+
+
+# --------------------------------------------------------------------------- migration 011
+def _journal_before_011(path) -> sqlite3.Connection:
+    """A journal as slurm-ft left it before migration 011 (migrations 001-010 applied)."""
+    import sqlite_utils
+
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    db = sqlite_utils.Database(conn)
+    conn.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied REAL)")
+    for name, fn in migrations.MIGRATIONS:
+        if name == "011_action_typed_columns":
+            break
+        fn(db)
+        conn.execute("INSERT INTO _migrations VALUES (?, 0)", (name,))
+    return conn
+
+
+#: Old rows' text -> the typed columns 011 fills: (action, detail, status, kind, restart, restart_of).
+OLD_ROWS = [
+    ("failover", json.dumps({"reason": "xid-79", "blamed": ["n1"]}), "done", "blamed", None, None),
+    ("failover", json.dumps({"reason": "ib", "blamed": [], "avoid": ["n2"]}), "done", "unblamed", None, None),
+    ("failover", "{}", "done", "unblamed", None, None),
+    ("failover", "", "done", "unblamed", None, None),
+    ("failover", None, "done", "unblamed", None, None),
+    ("failover", "[1]", "done", "blamed", None, None),
+    ("failover", "requeue refused: Job is pending", "failed", "evacuation", None, None),
+    ("inplace-restart", "restart 2/3 in place: infra (ib-completion-error), reported by the job", "done", None, 2, 3),
+    ("inplace-restart", "restart 10/12", "done", None, 10, 12),
+    ("inplace-restart", "restarted twice", "done", None, None, None),
+    ("drain", "slurm-ft: Xid 79 GPU 0000:10:00 (job 5)", "done", None, None, None),
+    ("evacuation", "requeued by an admin or Slurm", "done", None, None, None),
+]
+
+
+def test_migration_011_fills_the_typed_columns_of_old_rows_from_their_text(tmp_path):
+    path = tmp_path / "old.db"
+    conn = _journal_before_011(path)
+    for i, (action, detail, status, *_) in enumerate(OLD_ROWS):
+        conn.execute("INSERT INTO actions (job_id, attempt, action, target, detail, status, created, uid) "
+                     "VALUES (5, ?, ?, '', ?, ?, ?, ?)", (i, action, detail, status, 100.0 + i, f"u{i}"))
+    conn.close()
+    with open_journal(path) as j:
+        assert "011_action_typed_columns" in {r[0] for r in j.db.execute("SELECT name FROM _migrations")}
+        raw = j.db.execute("SELECT action, detail, status, kind, restart, restart_of FROM actions ORDER BY id").fetchall()
+        assert [tuple(r) for r in raw] == OLD_ROWS
+        read = [(a["action"], a["detail"], a["status"], a["kind"], a["restart"], a["restart_of"]) for a in j.actions(5)]
+        assert read == OLD_ROWS
+    with open_journal(path) as j:                                     # once: nothing applied again
+        assert j.db.execute("SELECT count(*) FROM _migrations WHERE name = '011_action_typed_columns'").fetchone()[0] == 1
+
+
+def test_an_old_journal_keeps_the_machine_and_the_restart_count_working(tmp_path):
+    """After 011, an old journal's rows read as the text read before: the failover kinds the state
+    machine counts, and the in-place restarts already journaled (none journaled twice)."""
+    path = tmp_path / "old.db"
+    conn = _journal_before_011(path)
+    rows = [(0, "failover", json.dumps({"reason": "ib", "blamed": []})),
+            (1, "failover", json.dumps({"reason": "x", "blamed": ["n1"]})),
+            (2, "inplace-restart", "restart 1/2 in place: infra (ib-completion-error), reported by the job")]
+    for attempt, action, detail in rows:
+        conn.execute("INSERT INTO actions (job_id, attempt, action, target, detail, status, created, uid) "
+                     "VALUES (12, ?, ?, '', ?, 'done', 1.0, ?)", (attempt, action, detail, f"u{attempt}"))
+    conn.close()
+    with open_journal(path) as j:
+        assert m.Facts(12, actions=tuple(j.actions(12))).failover_kinds() == ["unblamed", "blamed"]
+        r2 = Record(2, 2, 2, "restarted", "infra", "ib-completion-error", 2.0)
+        assert inplace.record_restarts(j, _job(r2.encode(), 2)) == 1           # 2/2 only: 1/2 is on record
+        assert [(a["restart"], a["restart_of"]) for a in j.actions(12, 2)] == [(1, 2), (2, 2)]
+
+
+@given(st.integers(0, 10**6), st.integers(0, 10**6), st.text(max_size=40))
+def test_restart_text_reads_back_as_its_numbers(k, of, why):
+    """What record_restarts writes as text, the migration reads back as the typed columns."""
+    detail = f"restart {k}/{of} in place: {why}, reported by the job"
+    assert migrations.typed_from_text("inplace-restart", detail) == {"restart": k, "restart_of": of}
+
+
+@given(st.lists(st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1, max_size=5), max_size=3),
+       st.text(max_size=20))
+def test_failover_detail_reads_back_as_the_kind_its_writer_gives(blamed, reason):
+    """The daemon's failover detail (JSON with ``blamed``) reads back, from text, as the kind it
+    now writes typed (blamed iff a node is blamed)."""
+    detail = json.dumps({"reason": reason, "blamed": blamed})
+    assert migrations.typed_from_text("failover", detail) == {"kind": "blamed" if blamed else "unblamed"}
+
+
+# --------------------------------------------------------------------------- the readers
+def test_failover_kinds_reads_the_kind_column_not_the_text():
+    rows = ({"action": "failover", "kind": "unblamed", "detail": json.dumps({"blamed": ["n1"]})},
+            {"action": "evacuation", "kind": None, "detail": "x"},
+            {"action": "failover", "kind": "blamed", "detail": "requeue refused: x"},
+            {"action": "failover", "kind": "evacuation", "detail": "{}"})
+    assert m.Facts(7, actions=rows).failover_kinds() == ["unblamed", "blamed", "evacuation"]
+
+
+def test_the_daemon_writes_the_failover_kind(tmp_path):
+    """A failover's kind is written with its row and kept when the row's detail is replaced (a
+    refused requeue); a row written without one (an older writer's spool) reads as its text."""
+    with open_journal(tmp_path / "d.db") as j:
+        aid = j.intend(7, 0, "failover", "", json.dumps({"reason": "ib", "blamed": []}), kind="unblamed")
+        j.finish(aid, "failed", "requeue refused: Job is pending")
+        j.record(7, 1, "failover", "n1", json.dumps({"reason": "x", "blamed": ["n1"]}), kind="blamed")
+        j.record(7, 2, "failover", "", "{}")
+        assert [a["kind"] for a in j.actions(7)] == ["unblamed", "blamed", "unblamed"]
+        assert [a["kind"] for a in j.actions_named(["failover"])] == ["unblamed", "blamed", "unblamed"]
+        raw = [r[0] for r in j.db.execute("SELECT kind FROM actions ORDER BY id").fetchall()]
+        assert raw == ["unblamed", "blamed", None]
+
+
+def test_record_restarts_reads_the_restart_columns_not_the_text(tmp_path):
+    """Restarts already journaled are known by their ``restart``/``restart_of`` columns: a row whose
+    text was edited still counts, and the rows it writes carry them."""
+    with open_journal(tmp_path / "d.db") as j:
+        j.record(12, 0, "inplace-restart", "n1", "edited by hand", restart=1, restart_of=2)
+        r2 = Record(0, 2, 2, "restarted", "infra", "ib-completion-error", 2.0)
+        assert inplace.record_restarts(j, _job(r2.encode())) == 1
+        acts = j.actions(12, 0)
+        assert [(a["restart"], a["restart_of"]) for a in acts] == [(1, 2), (2, 2)]
+        assert acts[1]["detail"] == "restart 2/2 in place: infra (ib-completion-error), reported by the job"
+        assert inplace.record_restarts(j, _job(r2.encode())) == 0
+        assert j.db.execute("SELECT restart, restart_of FROM actions WHERE id = ?", [acts[1]["id"]]).fetchone() == (2, 2)
+
+
+def _job(comment, restart_count=0) -> Job:
+    return Job.from_json({"job_id": 12, "job_state": "RUNNING", "comment": comment, "restart_cnt": restart_count,
+                          "nodes": "n[1-2]"})
