@@ -9,7 +9,7 @@ import json
 import re
 import sqlite3
 
-from hypothesis import example, given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 
 from slurm_ft.drain.reason import LEADER, FailedCheck, health_reason, read_health_reason
 from slurm_ft.failover import machine as m
@@ -39,8 +39,7 @@ measurements = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max
 def test_a_health_reason_reads_back_as_its_check_and_gpu(check, gpu, measurement):
     """What :func:`health_reason` writes, :func:`read_health_reason` reads back: the check, and the
     GPU (None for a node-level result whose measurement names no GPU)."""
-    if gpu is None and re.search(GPU_WORD, measurement):
-        return          # a node-level measurement that names a GPU itself: that GPU is read
+    assume(gpu is not None or not re.search(GPU_WORD, measurement))   # else the GPU it names is read
     reason = health_reason([CheckResult("gpu_count", "pass", None, "ok"), CheckResult(check, "fail", gpu, measurement)])
     assert reason is not None and reason.startswith(f"{LEADER} {check}: ") and len(reason) <= 200
     assert read_health_reason(reason, CHECK_NAMES) == FailedCheck(check, gpu)
