@@ -112,18 +112,17 @@ def record_restarts(journal, job) -> int:
     """Daemon side: journal the in-place restarts the job's wrapper reported in its comment
     (``job``: a :class:`slurm_ft.slurm.Job`), once each, as ``inplace-restart`` actions of the
     attempt they happened in (detail ``restart K/M in place: infra (rule), reported by the
-    job``), and an escalation as one ``inplace-escalate``. Returns how many rows it wrote.
-    Restarts the daemon missed (two within one cycle) are journaled from the count."""
+    job``; typed columns ``restart`` K and ``restart_of`` M, by which a restart already
+    journaled is known), and an escalation as one ``inplace-escalate``. Returns how many rows it
+    wrote. Restarts the daemon missed (two within one cycle) are journaled from the count."""
     rec = find(job.comment)
     if rec is None or rec.attempt > job.restart_count:
         return 0
     done = journal.actions(job.job_id, rec.attempt)
-    have = {a["detail"].split(" ", 2)[1] for a in done if a["action"] == "inplace-restart"
-            and a["detail"].startswith("restart ")}
+    have = {(a["restart"], a["restart_of"]) for a in done if a["action"] == "inplace-restart"}
     wrote = 0
     for k in range(1, rec.restarts + 1):
-        key = f"{k}/{rec.of}"
-        if key in have:
+        if (k, rec.of) in have:
             continue
         known = k - (rec.restarts - len(rec.causes)) - 1     # index of restart k in rec.causes
         if rec.causes:
@@ -131,7 +130,7 @@ def record_restarts(journal, job) -> int:
         else:      # a wrapper that sends no causes: the record's verdict is its last restart's
             why = f"{rec.verdict} ({rec.rule})" if k == rec.restarts else "(reported late: cause not kept)"
         journal.record(job.job_id, rec.attempt, "inplace-restart", job.nodes,
-                       f"restart {key} in place: {why}, reported by the job")
+                       f"restart {k}/{rec.of} in place: {why}, reported by the job", restart=k, restart_of=rec.of)
         wrote += 1
     if rec.state == "escalated" and not any(a["action"] == "inplace-escalate" for a in done):
         journal.record(job.job_id, rec.attempt, "inplace-escalate", job.nodes,

@@ -145,7 +145,8 @@ COLUMNS = {
     "attempts": ("job_id", "attempt", "nodes", "start", "end", "exit_code", "signal", "state", "updated"),
     "verdicts": ("job_id", "attempt", "node", "verdict", "rule", "xids", "evidence", "action", "exit_code", "source",
                  "created", "uid"),
-    "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished", "uid"),
+    "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished", "uid", "kind",
+                "restart", "restart_of"),
     "health": ("node", "job_id", "check_name", "status", "gpu", "measurement", "value", "detail", "created"),
     "mailbox_seen": ("node", "key", "seen"),
     "job_identity": ("job_id", "array_job_id", "array_task_id", "seen", "first_seen", "updated"),  # identity.py
@@ -893,9 +894,13 @@ class Journal:
         return self._rows(sql, [int(scan), float(since), json.dumps(sorted(set(rules))), int(limit)])
 
     # -- actions -------------------------------------------------------------------------
-    def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "") -> int:
+    def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "", *,
+               kind: str | None = None, restart: int | None = None, restart_of: int | None = None) -> int:
         """Record an action about to be taken (status 'intent'); returns its id (a negative,
         temporary one while the row waits in the spool; :meth:`finish` takes either).
+        ``kind``, ``restart``, ``restart_of``: the row's typed columns, given by the writers of
+        the actions that have them (:data:`migrations.TYPED_ACTIONS`: a ``failover``'s kind, an
+        ``inplace-restart``'s K of M); a None is not written.
 
         The row carries a unique ``uid`` (a fresh UUID): an update of a row still in the spool
         finds it by that, whichever process applies the insert (by row id it could not: the id
@@ -903,7 +908,8 @@ class Journal:
         Raises :class:`JournalError`."""
         op = {"op": "insert", "table": "actions", "row": {
             "job_id": job_id, "attempt": attempt, "action": action, "target": target, "detail": detail,
-            "status": "intent", "created": self.clock()}}
+            "status": "intent", "created": self.clock(),
+            **{k: v for k, v in (("kind", kind), ("restart", restart), ("restart_of", restart_of)) if v is not None}}}
         op["tmp"] = tmp = self._next_tmp     # its id while it waits in the spool
         rowid = self._write(op)
         if rowid is None:
@@ -927,9 +933,10 @@ class Journal:
         self._write(op)
 
     def record(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "",
-               status: str = "done") -> int:
-        """Record an action already taken (or decided) in one step."""
-        aid = self.intend(job_id, attempt, action, target, detail)
+               status: str = "done", *, kind: str | None = None, restart: int | None = None,
+               restart_of: int | None = None) -> int:
+        """Record an action already taken (or decided) in one step (typed columns: :meth:`intend`)."""
+        aid = self.intend(job_id, attempt, action, target, detail, kind=kind, restart=restart, restart_of=restart_of)
         self.finish(aid, status)
         return aid
 
@@ -958,6 +965,20 @@ class Journal:
         have = {r.get("uid") for r in rows}
         return rows + [r for r in extra if r["uid"] not in have]
 
+    @staticmethod
+    def _typed(rows: list[dict]) -> list[dict]:
+        """``rows`` (action rows, changed in place) with every typed column present; those of a
+        row written without them (by a writer that gave none: an older version's spool line
+        applied after migration 011) read from its text as the migration filled old rows
+        (:func:`migrations.typed_from_text`)."""
+        for r in rows:
+            cols = migrations.TYPED_ACTIONS.get(r["action"], ())
+            if cols and all(r.get(c) is None for c in cols):
+                r.update(migrations.typed_from_text(r["action"], r.get("detail")))
+            for c in ("kind", "restart", "restart_of"):
+                r.setdefault(c, None)
+        return rows
+
     def actions(self, job_id: int, attempt: int | None = None) -> list[dict]:
         sql = "SELECT * FROM actions WHERE job_id = ?"
         args: list[Any] = [job_id]
@@ -965,8 +986,8 @@ class Journal:
             sql += " AND attempt = ?"
             args.append(attempt)
         rows = self._rows(sql + " ORDER BY id", args)
-        return self._with_pending(rows, lambda r: r["job_id"] == job_id
-                                  and (attempt is None or r["attempt"] == attempt))
+        return self._typed(self._with_pending(rows, lambda r: r["job_id"] == job_id
+                                              and (attempt is None or r["attempt"] == attempt)))
 
     def actions_named(self, names: Iterable[str], since: float = 0.0) -> list[dict]:
         """Every job's actions whose name is in ``names`` created at or after ``since`` (epoch
@@ -974,7 +995,7 @@ class Journal:
         names = sorted(set(names))
         rows = self._rows(f"SELECT * FROM actions WHERE action IN ({', '.join('?' * len(names))}) AND created >= ? "
                           "ORDER BY id", [*names, float(since)])
-        return self._with_pending(rows, lambda r: r["action"] in names and (r["created"] or 0) >= since)
+        return self._typed(self._with_pending(rows, lambda r: r["action"] in names and (r["created"] or 0) >= since))
 
     def active_ft_jobs(self) -> set[int]:
         """ft-enabled jobs on record whose ft state is not final (the daemon watches them)."""

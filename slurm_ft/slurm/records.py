@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
+from slurm_ft.drain.reason import FailedCheck, read_health_reason
 from slurm_ft.errors import HostlistError, SlurmCommandError
+from slurm_ft.health.result import CHECK_NAMES
 from slurm_ft.slurm.indices import NOT_HOSTLIST
 
 #: Set operators and separators of ClusterShell's grammar that Slurm's hostlists do not have:
@@ -354,7 +356,15 @@ ENDED_STATES = {
 
 @dataclass
 class Node:
-    """The fields of a ``sinfo --json`` node record that slurm-ft uses."""
+    """The fields of a ``sinfo --json`` node record that slurm-ft uses.
+
+    ``failed_check``: the failing health check (and GPU) ``reason`` names when it is a health
+    drain's reason (``slurm-ft: <check>: [GPU<n> ]<measurement>``), else None; read from the
+    reason once, here, by the module that writes it (:func:`slurm_ft.drain.reason.read_health_reason`):
+    the daemon learns of a node's health drain only from Slurm's node record (the check ran on
+    the node and drained it there; the node's journal is not the daemon's), so the record is
+    where the typed value belongs, and the state machine reads it without parsing text. Set
+    whether or not the node is still drained (:attr:`drained` says that)."""
 
     name: str
     state: str
@@ -364,6 +374,10 @@ class Node:
     comment: str
     extra: str
     raw: dict
+    failed_check: FailedCheck | None = field(default=None, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.failed_check = read_health_reason(self.reason, CHECK_NAMES)
 
     @property
     def drained(self) -> bool:
