@@ -269,11 +269,6 @@ def _cluster(occ: list[tuple[bytes, tuple[str, float] | None]], window_s: float)
     return len(undated) + best
 
 
-def _count_fired(occ: list[tuple[bytes, tuple[str, float] | None]], count: int, window_s: float) -> bool:
-    """Whether ``count`` distinct occurrence keys fall within ``window_s`` seconds."""
-    return _cluster(occ, window_s) >= count
-
-
 def _prior_by_bus(prior: object) -> dict[str, list[tuple[float, int, bytes]]]:
     """``Evidence.prior_xids`` -> bus id -> ``[(epoch seconds, xid, occurrence key)]``.  Events
     without a bus id are dropped (which GPU they hit is unknown); malformed entries are skipped."""
