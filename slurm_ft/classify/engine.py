@@ -578,7 +578,7 @@ def status_candidates(evidence: Evidence, policy: Policy, at: int) -> list[Candi
     """Step 7: candidates for Slurm's job state (trusted: every ``slurm_state`` row matching it,
     at position ``at``) and the exit status (untrusted: the first ``exit`` row matching the
     pseudo line ``exit=<code|none> signal=<N|none>``, at ``at + 1``).  ``at`` is a byte position
-    after all the text: these decide only ties lost to no line."""
+    after all the text, so at equal priority any line of text wins over these."""
     cands: list[Candidate] = []
     if evidence.slurm_state:
         state = _text(str(evidence.slurm_state).strip().upper())
