@@ -378,6 +378,17 @@ class TroubleMachine(RuleBasedStateMachine):
             self.j.finish(aid)                                  # its update waits too: set aside with it
             self.dead.append("update")
 
+    @precondition(lambda self: not (self.disk.db and self.disk.spool))    # else memory's rows die with it
+    @rule()
+    def restart(self):
+        """The process ends and another opens the journal: close puts the rows only memory held
+        into the spool, the new connection reads the spool back; outstanding intents are found
+        again through pending_intents(), as the daemon finds them."""
+        self.j.close()
+        self.j = open_journal(Path(self.dir) / "j.db", spool=True, busy_timeout_s=0.05)
+        by_name = {a["action"]: a["id"] for a in self.j.pending_intents()}
+        self.ids = [(i, by_name[self.actions[i][1]]) for i, _ in self.ids]
+
     @rule()
     def flush(self):
         ok = self.j.flush()
