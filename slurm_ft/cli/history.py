@@ -223,7 +223,10 @@ def command(job_ids, users, all_users: bool, accounts, nodelist, start: float | 
         from slurm_ft.history import client as history_client
         remote = cfg is not None and history_client.wanted(path, bool(journal_path))  # controller answers
         if remote:
-            found, error, waiting, steps = history_client.select(cfg, sel)
+            found, error, warnings, steps = history_client.select(cfg, sel)
+            waiting = 0
+            for w in warnings:
+                click.echo(terminal_safe(f"ft-history: warning: {w}"), err=True)
             if sel.nodes is not None and steps is None and not (parsable or parsable2):
                 click.echo("ft-history: note: the history service did not send the nodes' drains and repairs "
                            "(ask an admin, or update slurm-ft)", err=True)
