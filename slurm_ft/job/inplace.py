@@ -104,8 +104,9 @@ def find(comment: str) -> Record | None:
 
 
 def merge(comment: str, rec: Record) -> str:
-    words = [w for w in (comment or "").split() if not w.startswith(PREFIX)]
-    return " ".join([*words, rec.encode()])
+    """``comment`` with its in-place record replaced by ``rec`` (slurm_ft.slurm.records.replace_comment_record)."""
+    from slurm_ft.slurm.records import replace_comment_record
+    return replace_comment_record(comment, PREFIX, rec.encode())
 
 
 def record_restarts(journal, job) -> int:
@@ -151,7 +152,8 @@ class CommentReporter:
 
     def report(self, rec: Record) -> None:
         try:
-            self.slurm.update_job(self.job_id, Comment=merge(self.slurm.job_comment(self.job_id), rec))
+            from slurm_ft.slurm import put_comment_record
+            put_comment_record(self.slurm, self.job_id, PREFIX, rec.encode())
         except SlurmFTError as exc:
             print(f"slurm-ft run: could not record the restart in the job's comment: {exc}", file=sys.stderr,
                   flush=True)

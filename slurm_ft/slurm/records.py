@@ -40,6 +40,15 @@ def _nodeset(exprs) -> NodeSet:
     return nodes
 
 
+def replace_comment_record(comment: str | None, prefix: str, record: str) -> str:
+    """A job's ``Comment`` (words separated by blanks) with its words that start with ``prefix``
+    replaced by ``record``, put last; the other words kept, in order. The comment carries one
+    record per writer (the checkpoint ack ``slurm-ft-ckpt:``, the in-place restarts: both through
+    :func:`slurm_ft.slurm.put_comment_record`); the job's stand-alone client module keeps its
+    own copy of this rule (``slurm_ft_job.merge``, which must agree: tests/test_slurm_records.py)."""
+    return " ".join([*(w for w in (comment or "").split() if not w.startswith(prefix)), record])
+
+
 def split_nodes(expr: str | list[str] | None) -> list[str]:
     """Expand a Slurm hostlist expression into node names (ClusterShell's ``NodeSet``).
 
