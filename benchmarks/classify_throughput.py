@@ -17,6 +17,12 @@ Quotes medians (and the median of the per-pair ratios).  Also times the pure-Pyt
 both paths give the same verdict, rule, action, Xids and evidence.  Prints ``name=value`` lines,
 headline figure last.
 Goal (issue 22): >= 2M lines/s and at most 1.5x grep -E.
+
+``--epilog-window`` instead times ``classify`` at the largest input the epilog hands it (4 MiB of
+``/dev/kmsg`` records, ``read_kmsg``'s bound, plus 2 x 64 KiB of job output; the hang watcher hands
+the kernel part only), built from the labelled corpus's real kernel and stderr lines, on the
+pure-Python path and on grep's candidate lines, interleaved, ``R`` runs each: whether the epilog
+still needs grep (issue 21).
 """
 
 from __future__ import annotations
@@ -102,13 +108,114 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+#: The epilog's largest window: kernel log (``read_kmsg``'s default ``max_bytes``), then the job's
+#: stderr and stdout tails (``slurm_ft.node.epilog.STDERR_TAIL_BYTES`` each).  The hang watcher
+#: hands over the kernel part only.
+WINDOW_KERNEL_BYTES = 4 << 20
+WINDOW_OUTPUT_BYTES = 2 * (64 << 10)
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "classify",
+                      "corpus_cases.jsonl")
+
+
+def build_window(seed: int, fault_share: float) -> Evidence:
+    """The epilog's Evidence at its largest: ``/dev/kmsg`` record bodies (kernel noise, and
+    ``fault_share`` of the records drawn from the labelled corpus's kernel lines, their log
+    tool's wrappers stripped) filling :data:`WINDOW_KERNEL_BYTES`, then job output (training
+    noise and the corpus's stderr lines) filling :data:`WINDOW_OUTPUT_BYTES`; 8 GPUs on the node,
+    2 of them the job's, exit status 1."""
+    import json
+
+    from slurm_ft.classify.parse import message_body
+
+    rnd = random.Random(seed)
+    k_faults: list[str] = []
+    o_faults: list[str] = []
+    with open(CORPUS, encoding="utf-8") as fh:
+        for line in fh:
+            case = json.loads(line)
+            rows = [x for x in case["text"].splitlines() if x.strip()]
+            if case["kind"] == "kernel_log":
+                k_faults += [message_body(x.encode()).decode("utf-8", "replace") for x in rows]
+            elif case["kind"] == "stderr":
+                o_faults += rows
+    kernel: list[str] = []
+    size, t = 0, 1000.0
+    while True:
+        t += rnd.random() * 0.01
+        n, b = rnd.randrange(1, 1 << 20), rnd.randrange(1, 9)
+        rec = (rnd.choice(k_faults) if rnd.random() < fault_share else
+               rnd.choice(KERNEL_NOISE).format(t=t, n=n, b=b).split("] ", 1)[1])
+        if size + len(rec.encode()) + 1 > WINDOW_KERNEL_BYTES:
+            break
+        kernel.append(rec)
+        size += len(rec.encode()) + 1
+    output: list[str] = []
+    size = 0
+    while True:
+        n, b = rnd.randrange(1, 1 << 20), rnd.randrange(1, 9)
+        line = rnd.choice(o_faults) if rnd.random() < fault_share else rnd.choice(OUTPUT_NOISE).format(t=t, n=n, b=b)
+        if size + len(line.encode()) + 1 > WINDOW_OUTPUT_BYTES:
+            break
+        output.append(line)
+        size += len(line.encode()) + 1
+    node = {f"0000:{b:02x}:00.0": b - 1 for b in range(1, 9)}
+    return Evidence(kernel_lines=kernel, stderr_tail="\n".join(output) + "\n", exit_code=1,
+                    job_bus_ids=frozenset(list(node)[:2]), node_bus_ids=node, kernel_records=True)
+
+
+def window_main(rounds: int, seed: int) -> None:
+    """Time ``classify`` at the epilog's largest window, a dense mix (every record a fault line:
+    every line a candidate) and a typical one (0.5% fault records), per path, ``rounds``
+    interleaved runs each; prints medians in seconds, wall clock and CPU (user + system, grep's
+    processes included: on a shared, loaded machine the figure to compare by), the typical pure-
+    Python wall median last (the headline: what the epilog would pay without grep)."""
+    import resource
+
+    from slurm_ft.classify.engine import classify as classify_with
+
+    def cpu() -> float:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    headline = float("nan")
+    for name, share in (("dense", 1.0), ("typical", 0.005)):
+        ev = build_window(seed, share)
+        size = sum(len(x.encode()) + 1 for x in ev.kernel_lines) + len(ev.stderr_tail.encode())
+        wall: dict[str, list[float]] = {"python": [], "grep": []}
+        used: dict[str, list[float]] = {"python": [], "grep": []}
+        verdicts = {}
+        for path in wall:
+            verdicts[path] = classify_with(ev, prefilter=path).to_dict()  # warm-up
+        for _ in range(max(1, rounds)):
+            for path in wall:
+                c0, t0 = cpu(), time.perf_counter()
+                classify_with(ev, prefilter=path)
+                wall[path].append(time.perf_counter() - t0)
+                used[path].append(cpu() - c0)
+        print(f"window_{name}_bytes={size}")
+        print(f"window_{name}_kernel_records={len(ev.kernel_lines)}")
+        print(f"window_{name}_rule={verdicts['python']['rule']}")
+        print(f"window_{name}_paths_agree={str(verdicts['python'] == verdicts['grep']).lower()}")
+        for path in wall:
+            print(f"window_{name}_{path}_s_min_max={min(wall[path]):.3f},{max(wall[path]):.3f}")
+            print(f"window_{name}_{path}_cpu_s_median={_median(used[path]):.3f}")
+            print(f"window_{name}_{path}_s_median={_median(wall[path]):.3f}")
+        headline = _median(wall["python"])
+    print(f"window_python_s_median={headline:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved classify/grep pairs (median quoted)")
     ap.add_argument("--no-python-path", action="store_true", help="skip timing the pure-Python path")
+    ap.add_argument("--epilog-window", action="store_true",
+                    help="instead: time classify at the largest input the epilog and hang watcher hand it")
     args = ap.parse_args()
+    if args.epilog_window:
+        window_main(args.rounds, args.seed)
+        return
 
     kernel, output = build_mix(args.lines, args.seed)
     total_lines = len(kernel) + output.count("\n")

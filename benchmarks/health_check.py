@@ -29,7 +29,7 @@ from slurm_ft.nvml import fake  # noqa: E402
 
 PROLOG = ("import sys; from slurm_ft.config import load; from slurm_ft.health import run_checks, unhealthy; "
           "r = run_checks(load(), 'n1'); sys.exit(1 if unhealthy(r) else 0)")
-CLI = "import sys; from slurm_ft.health.cli import health_command; health_command(['--json', '--node', 'n1'])"
+CLI = "import sys; from slurm_ft.cli.health import health_command; health_command(['--json', '--node', 'n1'])"
 
 
 def write_config(d: Path, **health: object) -> Path:

@@ -172,7 +172,7 @@ def user_via_service(db: Path, runs: int) -> dict:
                                          f'[history]\nendpoint = "127.0.0.1:{srv.address[1]}"\n')
         (d / "slurm-ft.toml").chmod(0o644)
         env = tool_env({"SLURM_FT_CONFIG": str(d / "slurm-ft.toml"), "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
-        argv = ["/usr/sbin/runuser", "-u", LAB_USER, "--", SYSTEM_PYTHON, "-m", "slurm_ft.history.query", "-X", "-S",
+        argv = ["/usr/sbin/runuser", "-u", LAB_USER, "--", SYSTEM_PYTHON, "-m", "slurm_ft.cli.history", "-X", "-S",
                 "now-365days", "-n", "-P"]
         seconds, lines = timed(argv, runs, env)
     finally:

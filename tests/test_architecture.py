@@ -159,3 +159,11 @@ def test_the_architecture_map_names_every_room():
     assert rows - rooms == set(), "the map names a room that is not there"
     for module in sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"):
         assert f"`{module}`" in table, f"root module {module} is not in the map's root row"
+
+
+def test_click_is_imported_in_the_cli_room_only():
+    """Command lines live in ``slurm_ft/cli/``: no other module imports click (library code
+    raises :mod:`slurm_ft.errors`; the cli room turns them into ``Error: ...``)."""
+    users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if {"click"} & {m.split(".")[0] for m in _stdlib_imports(p)})
+    assert users and all(u.startswith("cli/") for u in users), users

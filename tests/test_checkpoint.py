@@ -171,7 +171,7 @@ def test_notify_not_from_slurm_ft_bounds_the_wait_and_trains_on(capsys):
 def test_wait_for_requeue_bound_and_early_return():
     import threading
 
-    from slurm_ft.checkpoint.helper import REQUEUE_WAIT_S
+    from slurm_ft.data.client.slurm_ft_job import REQUEUE_WAIT_S
     from slurm_ft.failover.jobspec import DEFAULT_CKPT_WAIT_S
     assert REQUEUE_WAIT_S == DEFAULT_CKPT_WAIT_S == 600        # the job's default --ft-ckpt-wait
     ckpt = ExitCheckpoint(lambda step: None, reporter=FakeReporter(), report=True,

@@ -7,26 +7,63 @@ lab tests (test_lab_job_shapes.py, test_spank_lab.py) run the real step on real 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 
+import pytest
 
 from slurm_ft.checkpoint import deliver
-from slurm_ft.checkpoint.deliver import Proc, deliver as deliver_on_node, job_processes
+from slurm_ft.checkpoint.deliver import deliver as deliver_on_node, job_processes
 from slurm_ft.failover import policy
 
 USR1 = 1 << (signal.SIGUSR1 - 1)
 USR2 = 1 << (signal.SIGUSR2 - 1)
 UID = 1000
 
+@dataclass
+class P:
+    """One process of a fake /proc, as the kernel shows it."""
+    pid: int
+    ppid: int
+    comm: str
+    uid: int = UID
+    cmdline: str | None = None
+    cgt: int = 0
+    ign: int = 0
+    cgroup: str = ""
+    node: str | None = None
+    dir_uid: int | None = None      # owner of /proc/PID when not ``uid`` (a non-dumpable process: 0)
 
-def proc(pid, ppid, comm, *, uid=UID, cmdline=None, cgt=0, ign=0, cgroup="", node=None):
-    return Proc(pid, ppid, uid, comm, cmdline or comm, cgt, ign, cgroup, node)
+
+def proc(pid, ppid, comm, *, uid=UID, cmdline=None, cgt=0, ign=0, cgroup="", node=None, dir_uid=None):
+    return P(pid, ppid, comm, uid, cmdline or comm, cgt, ign, cgroup, node, dir_uid)
 
 
 def table(*procs):
     return {p.pid: p for p in procs}
+
+
+def fake_proc(root, procs) -> str:
+    """Write ``procs`` as /proc shows them (stat, status, cmdline, cgroup, environ; /proc/PID
+    owned by the process's uid) under ``root``; returns that directory."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the fake /proc entries their owners")
+    root.mkdir(exist_ok=True)
+    for p in procs.values():
+        d = root / str(p.pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{p.pid} ({p.comm}) S {p.ppid} " + " ".join(["0"] * 17) + f" {p.pid * 10} 0")
+        (d / "status").write_text(f"Name:\t{p.comm}\nPPid:\t{p.ppid}\nUid:\t{p.uid}\t{p.uid}\t{p.uid}\t{p.uid}\n"
+                                  f"SigIgn:\t{p.ign:016x}\nSigCgt:\t{p.cgt:016x}\n")
+        (d / "cmdline").write_bytes(p.cmdline.encode() + b"\0")
+        (d / "cgroup").write_text(p.cgroup)
+        (d / "environ").write_bytes(f"SLURMD_NODENAME={p.node}\0".encode() if p.node else b"")
+        owner = p.uid if p.dir_uid is None else p.dir_uid
+        os.chown(d, owner, owner)
+    return str(root)
 
 
 def batch_job(job_id=7, trainer_cgt=USR1):
@@ -45,9 +82,9 @@ def batch_job(job_id=7, trainer_cgt=USR1):
     )
 
 
-def test_only_catching_processes_of_the_job_are_signalled():
+def test_only_catching_processes_of_the_job_are_signalled(tmp_path):
     sent = []
-    report = deliver_on_node(7, signal.SIGUSR1, own_step=None, procs=batch_job(), uid=UID,
+    report = deliver_on_node(7, signal.SIGUSR1, own_step=None, proc_root=fake_proc(tmp_path / "proc", batch_job()), uid=UID,
                              kill=lambda pid, sig: sent.append((pid, sig)), node="n1")
     assert sorted(sent) == [(102, signal.SIGUSR1), (201, signal.SIGUSR1)]
     skipped = {s["pid"]: s["why"] for s in report.skipped}
@@ -56,65 +93,93 @@ def test_only_catching_processes_of_the_job_are_signalled():
     assert 300 not in skipped and 401 not in skipped       # not this job's
 
 
-def test_program_without_handler_and_ignoring_one_are_left_alone():
+def test_program_without_handler_and_ignoring_one_are_left_alone(tmp_path):
     sent = []
     procs = batch_job(trainer_cgt=0)
     procs[201] = proc(201, 200, "python3", ign=USR1)
-    report = deliver_on_node(7, signal.SIGUSR1, own_step=None, procs=procs, uid=UID,
+    report = deliver_on_node(7, signal.SIGUSR1, own_step=None, proc_root=fake_proc(tmp_path / "proc", procs), uid=UID,
                              kill=lambda pid, sig: sent.append(pid), node="n1")
     assert sent == [] and not report.signalled
     assert {s["pid"]: s["why"] for s in report.skipped}[201] == "ignores the signal"
 
 
-def test_other_signal_mask_bits_do_not_count():
+def test_other_signal_mask_bits_do_not_count(tmp_path):
     sent = []
-    deliver_on_node(7, signal.SIGUSR2, own_step=None, procs=batch_job(), uid=UID,
+    deliver_on_node(7, signal.SIGUSR2, own_step=None, proc_root=fake_proc(tmp_path / "proc", batch_job()), uid=UID,
                     kill=lambda pid, sig: sent.append(pid), node="n1")
     assert sent == []                                       # they catch USR1, not USR2
 
 
-def test_own_step_other_users_and_other_nodes_are_skipped():
+def test_own_step_other_users_and_other_nodes_are_skipped(tmp_path):
     procs = batch_job()
     procs[500] = proc(500, 1, "slurmstepd", uid=0, cmdline="slurmstepd: [7.3]")
     procs[501] = proc(501, 500, "python3", cgt=USR1)                     # the delivering step
     procs[202] = proc(202, 200, "python3", cgt=USR1, uid=UID + 1)        # someone else's
     procs[203] = proc(203, 200, "python3", cgt=USR1, node="n2")          # same host, node n2
     sent = []
-    deliver_on_node(7, signal.SIGUSR1, own_step="3", procs=procs, uid=UID,
+    deliver_on_node(7, signal.SIGUSR1, own_step="3", proc_root=fake_proc(tmp_path / "proc", procs), uid=UID,
                     kill=lambda pid, sig: sent.append(pid), node="n1")
     assert sorted(sent) == [102, 201]
 
 
-def test_a_user_process_titled_slurmstepd_is_not_a_step():
+def test_a_user_process_titled_slurmstepd_is_not_a_step(tmp_path):
     procs = batch_job()
     procs[600] = proc(600, 1, "python3", cmdline="slurmstepd: [7.9]", cgt=USR1)  # uid 1000: forged title
     procs[601] = proc(601, 600, "python3", cgt=USR1)
-    found = {p.pid for p, _ in job_processes(7, procs, UID, "n1")}
+    found = {p.pid for p in job_processes(7, UID, "n1", fake_proc(tmp_path / "proc", procs))}
     assert 601 not in found and 600 not in found
 
 
-def test_cgroup_membership_counts_when_the_tree_is_broken():
+def test_cgroup_membership_counts_when_the_tree_is_broken(tmp_path):
     procs = batch_job()
     procs[700] = proc(700, 1, "python3", cgt=USR1, cgroup="0::/slurm/uid_1000/job_7/step_0/user/task_0\n")
-    found = dict((p.pid, s) for p, s in job_processes(7, procs, UID, "n1"))
+    found = {p.pid: p.step for p in job_processes(7, UID, "n1", fake_proc(tmp_path / "proc", procs))}
     assert found[700] == "0"
 
 
-def test_job_id_prefix_does_not_match_another_job():
+def test_job_id_prefix_does_not_match_another_job(tmp_path):
     procs = table(proc(100, 1, "slurmstepd", uid=0, cmdline="slurmstepd: [77.batch]"),
                   proc(101, 100, "python3", cgt=USR1))
-    assert job_processes(7, procs, UID, None) == []
+    assert job_processes(7, UID, None, fake_proc(tmp_path / "proc", procs)) == []
+
+
+def test_a_non_dumpable_user_process_is_neither_a_stepd_nor_the_users(tmp_path):
+    """The kernel gives /proc/PID of a process that made itself non-dumpable to root: a user's
+    process named and titled slurmstepd that way is still no step (its real uid is the user's),
+    and such a process is not counted as the user's (the owner of /proc/PID is not)."""
+    procs = batch_job()
+    procs[800] = proc(800, 1, "slurmstepd", cmdline="slurmstepd: [7.8]", dir_uid=0)
+    procs[801] = proc(801, 800, "python3", cgt=USR1)
+    procs[802] = proc(802, 200, "python3", cgt=USR1, dir_uid=0)
+    found = {p.pid for p in job_processes(7, UID, "n1", fake_proc(tmp_path / "proc", procs))}
+    assert found == {101, 102, 103, 201}
+
+
+def test_the_extern_step_is_the_deliverys_but_never_the_hang_watchers(tmp_path):
+    """Processes adopted into the extern step (ssh sessions) may catch the checkpoint signal;
+    the hang watcher's scan never ends them (the same scanner, another filter)."""
+    from slurm_ft.hang import procs as scanner
+
+    procs = table(proc(900, 1, "slurmstepd", uid=0, cmdline="slurmstepd: [7.extern]"),
+                  proc(901, 900, "sleep"), proc(902, 1, "python3", cgt=USR1,
+                                                   cgroup="0::/slurm/uid_1000/job_7/step_extern/user\n"))
+    root = fake_proc(tmp_path / "proc", procs)
+    assert [(p.pid, p.step) for p in job_processes(7, UID, "n1", root)] == [(901, "extern"), (902, "extern")]
+    assert scanner.scan(7, uid=UID, proc_root=root) == []
 
 
 def test_deliver_main_on_this_host_reads_real_proc(tmp_path):
-    """The node half run stand-alone (as srun runs it): a real child with a handler under a
-    fake step title is not signalled (not root), and the output is one JSON line."""
-    src = deliver.__file__
-    out = subprocess.run([sys.executable, "-I", "-c", open(src).read(), "--job", "999999", "--signal", "USR1"],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0
-    report = json.loads(out.stdout)
-    assert report["signalled"] == [] and report["error"] == ""
+    """The node half run stand-alone, as srun runs it (the program :func:`deliver._node_source`
+    builds, ``-I``), and with no site-packages at all (``-S``: nothing of slurm-ft importable): a
+    real process with a handler under no step of the job is not signalled, and the output is one
+    JSON line."""
+    assert len(deliver._node_source().encode()) < 128 * 1024   # one argv string: the kernel's MAX_ARG_STRLEN
+    for flags in (["-I"], ["-I", "-S"]):
+        out = subprocess.run([sys.executable, *flags, "-c", deliver._node_source(), "--job", "999999",
+                              "--signal", "USR1"], capture_output=True, text=True, timeout=30, cwd="/")
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert report["signalled"] == [] and report["error"] == ""
 
 
 def test_signal_job_parses_reports_strictly():

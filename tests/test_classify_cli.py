@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft.classify.cli import classify_command
+from slurm_ft.cli.classify import classify_command
 
 CASES = Path(__file__).parent / "fixtures" / "classify" / "corpus_cases.jsonl"
 XID48 = "Dec  2 11:38:47 node01 kernel: [  219.470994] NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU"

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from slurm_ft import logfmt
 from slurm_ft.failover import daemonlock
 from slurm_ft.cli.main import main
-from slurm_ft.history.query import command as history_command
+from slurm_ft.cli.history import command as history_command
 from slurm_ft.journal import open_journal
 
 

@@ -6,7 +6,7 @@ import click
 import pytest
 
 from slurm_ft.cli.main import main
-from slurm_ft.history.query import command as history_command
+from slurm_ft.cli.history import command as history_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])

@@ -19,6 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from slurm_ft.node import epilog
 from slurm_ft.classify import Evidence, classify, default_policy
+from slurm_ft.classify import prefilter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +79,7 @@ def test_a_large_window_gives_the_verdict_of_the_python_scan(seed, lines, signal
     kernel = [rnd.choice(NOISE).format(n=rnd.randrange(1, 1 << 20), b=rnd.randrange(1, 9)) for _ in range(lines)]
     for s in signals:
         kernel.insert(rnd.randrange(len(kernel) + 1), s)
-    while sum(map(len, kernel)) < epilog.GREP_WINDOW_CHARS:     # a window the epilog greps
+    while sum(map(len, kernel)) < prefilter.GREP_MIN_BYTES:     # a window the epilog greps
         kernel += kernel
     ev = Evidence(kernel_lines=kernel, stderr_tail=output, exit_code=exit_code, kernel_records=True,
                   job_bus_ids=frozenset({"0000:10:00"}), node_bus_ids={"0000:10:00": 0, "0000:11:00": 1})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft.classify.cli import classify_command
+from slurm_ft.cli.classify import classify_command
 from slurm_ft.classify.engine import classify
 from slurm_ft.classify.evaluate import evidence_from_text, read_cases
 

@@ -455,6 +455,7 @@ def test_procs_scan_follows_stepd_trees_only(tmp_path):
         (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 0 0")
         (d / "cmdline").write_bytes(cmdline)
         (d / "environ").write_bytes(env)
+        (d / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
         os.chown(d, uid, uid) if os.geteuid() == 0 else None
     proc(10, 1, "slurmstepd", cmdline=b"slurmstepd: [7.0]\0", env=b"SLURM_CONF=/lab/a.conf\0")
     proc(11, 10, "python", uid=1000, env=b"SLURMD_NODENAME=n1\0")
@@ -467,6 +468,9 @@ def test_procs_scan_follows_stepd_trees_only(tmp_path):
     proc(41, 40, "python", uid=1000)
     proc(50, 1, "slurmstepd", cmdline=b"slurmstepd: [7.extern]\0")
     proc(51, 50, "sleep", uid=0)
+    proc(60, 1, "slurmstepd", uid=1000, cmdline=b"slurmstepd: [7.3]\0")       # a user's fake stepd, made
+    os.chown(tmp_path / "60", 0, 0) if os.geteuid() == 0 else None               # non-dumpable: /proc/60 is root's
+    proc(61, 60, "python", uid=1000)
     if os.geteuid() != 0:
         pytest.skip("needs root to give the fake /proc entries their owners")
     got = procs.scan(7, conf="/lab/a.conf", proc_root=str(tmp_path))

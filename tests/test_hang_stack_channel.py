@@ -33,7 +33,8 @@ from slurm_ft.failover.marker import FRAME_CHARS, HANG_FRAMES, hang_summary
 from slurm_ft.hang import report
 from slurm_ft.hang import watcher as wt
 from slurm_ft.hang.evidence import MAX_DUMPS
-from slurm_ft.history.query import Selection, command, history
+from slurm_ft.history.query import Selection, history
+from slurm_ft.cli.history import command
 from slurm_ft.history.service import Access, HistoryService, Server
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm import Job

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slurm_ft.health.cli import health_command
+from slurm_ft.cli.health import health_command
 from slurm_ft.nvml import fake
 
 

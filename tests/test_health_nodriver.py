@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from slurm_ft import config as config_mod
 from slurm_ft.errors import SlurmCommandError
 from slurm_ft.health import actions
-from slurm_ft.health.cli import health_command, render_table
+from slurm_ft.cli.health import health_command, render_table
 from slurm_ft.health.result import CheckResult
 from slurm_ft.health.runner import init_hint
 

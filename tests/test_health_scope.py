@@ -248,7 +248,7 @@ def test_the_prolog_checks_the_gpu_count_slurm_says(tmp_path):
 def test_healthcheckprogram_act_on_a_node_without_gres_gpu_runs_nothing(tmp_path):
     """`slurm-ft health --act` (HealthCheckProgram) follows the prolog's scope: nothing run, nothing drained."""
     from click.testing import CliRunner
-    from slurm_ft.health.cli import health_command
+    from slurm_ft.cli.health import health_command
 
     env = _site(tmp_path, "(null)")
     r = CliRunner().invoke(health_command, ["--config", env["SLURM_FT_CONFIG"], "--node", "n1", "--act"])

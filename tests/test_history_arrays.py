@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
-from slurm_ft.history.query import JobSpec, Selection, command, parse_job_ids, select
+from slurm_ft.history.query import JobSpec, Selection, parse_job_ids, select
+from slurm_ft.cli.history import command
 from slurm_ft.journal import identity, open_journal
 from slurm_ft.slurm import Job
 

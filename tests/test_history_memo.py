@@ -6,8 +6,10 @@ state), every option that uses the memo, and after any later change to a job's r
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -17,7 +19,8 @@ from hypothesis import strategies as st
 from slurm_ft.history import query as history_mod
 from slurm_ft.history import memo as history_memo
 from slurm_ft.failover import policy
-from slurm_ft.history.query import FT_STATES, command
+from slurm_ft.history.query import FT_STATES
+from slurm_ft.cli.history import command
 from slurm_ft.journal import open_journal
 
 NOW = time.time()
@@ -288,3 +291,16 @@ def test_rows_of_another_rendering_code_are_deleted(tmp_path, monkeypatch):
     monkeypatch.setattr(history_mod, "_code_hash", lambda: "another version")
     assert _fill(path) == 1 and _fill(path) == 0
     assert list(_memo_rows(path).values()) == [history_mod.render_key()]
+
+
+def test_the_render_key_hashes_the_code_that_renders_and_is_the_same_in_every_process():
+    """The key names the modules whose code decides the memo's text; each must be a file of the
+    package (a missing one gives a random key, so no process would ever use the memo: what the
+    move into rooms did to it, unnoticed by the output tests)."""
+    package = Path(history_mod.__file__).resolve().parent.parent
+    assert all((package / name).is_file() for name in history_mod._CODE)
+    assert {"history/query.py", "history/format.py", "history/memo.py"} <= set(history_mod._CODE)
+    other = subprocess.run([sys.executable, "-c", "from slurm_ft.history import query; print(query.render_key())"],
+                           capture_output=True, text=True, timeout=60, check=True,
+                           cwd=str(package.parent)).stdout.strip()
+    assert other == history_mod.render_key()

@@ -18,8 +18,8 @@ from slurm_ft import config as config_mod
 from slurm_ft.history import query as history_mod
 from slurm_ft.history import format as fmt
 from slurm_ft.history import service as history_service
-from slurm_ft.history.query import (
-    MAX_NODES, Selection, Viewer, command, node_steps, parse_nodelist, select)
+from slurm_ft.history.query import MAX_NODES, Selection, Viewer, node_steps, parse_nodelist, select
+from slurm_ft.cli.history import command
 from slurm_ft.history.protocol import BadRequest, encode_query
 from slurm_ft.history.service import Access, HistoryService, parse_query
 from slurm_ft.journal import open_journal

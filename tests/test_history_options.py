@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from slurm_ft import config as config_mod
 from slurm_ft.history import format as fmt
 from slurm_ft.failover.options import trusted_options
-from slurm_ft.history.query import command
+from slurm_ft.cli.history import command
 from slurm_ft.slurm.jobinfo import parse_show_job
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm import Job

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from slurm_ft import config as config_mod
 from slurm_ft.history import query as history_mod
 from slurm_ft.errors import SlurmCommandError, SlurmFTError
-from slurm_ft.history.query import Viewer, command, current_viewer, history
+from slurm_ft.history.query import Viewer, current_viewer, history
+from slurm_ft.cli.history import command
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm import parse_config, private_data
 

@@ -11,7 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_ft.history import query as history_mod
-from slurm_ft.history.query import Selection, Viewer, command, parse_states, select
+from slurm_ft.history.query import Selection, Viewer, parse_states, select
+from slurm_ft.cli import history as history_cli
+from slurm_ft.cli.history import command
 from slurm_ft.history.format import parse_format
 from slurm_ft.journal import open_journal
 from slurm_ft.slurm.timespec import parse_time
@@ -94,9 +96,9 @@ def test_unknown_jobs_are_named_after_the_ones_found(db):
 
 # ------------------------------------------------------------------------- time window
 def test_without_jobs_lists_todays_jobs_and_jobs_still_active(db, monkeypatch):
-    midnight = history_mod._midnight(NOW)
+    midnight = history_cli._midnight(NOW)
     assert time.localtime(midnight)[:6] == (*time.localtime(NOW)[:3], 0, 0, 0)
-    monkeypatch.setattr(history_mod, "_midnight", lambda now: NOW - 3600)    # the same just after 00:00
+    monkeypatch.setattr(history_cli, "_midnight", lambda now: NOW - 3600)    # the same just after 00:00
     r = run(db, "-a", "-P")
     assert r.exit_code == 0, r.output
     assert _ids(r.output) == ["5", "6", "8"]         # 7 ended 3 days ago; 8 still running; 9 not ft

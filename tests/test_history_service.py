@@ -29,7 +29,8 @@ from slurm_ft.history import client as history_client
 from slurm_ft.history import protocol as history_protocol
 from slurm_ft.history import service as history_service
 from slurm_ft.slurm import munge
-from slurm_ft.history.query import Selection, command
+from slurm_ft.history.query import Selection
+from slurm_ft.cli.history import command
 from slurm_ft.history.client import ServiceError, controllers, parse_endpoints
 from slurm_ft.history.service import Access, HistoryService, Server, parse_query, viewer_for
 from slurm_ft.journal import open_journal

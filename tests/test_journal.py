@@ -54,7 +54,7 @@ def test_newer_schema_is_refused(tmp_path):
 def test_readers_never_create_or_write_a_journal(tmp_path):
     from click.testing import CliRunner
 
-    from slurm_ft.history.query import command
+    from slurm_ft.cli.history import command
     missing = tmp_path / "typo.db"
     r = CliRunner().invoke(command, ["-j", "1", "--journal", str(missing)])
     assert r.exit_code == 1 and "no journal here" in r.output and not missing.exists()

@@ -152,7 +152,7 @@ def ft_history_as(args: list[str], uid: int = 65534, gid: int = 65534, groups: s
     """Run ``ft-history ARGS`` as ``uid``/``gid`` (supplementary groups ``groups``, or none)."""
     argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}",
             f"--groups={groups}" if groups else "--clear-groups",
-            sys.executable, "-m", "slurm_ft.history.query", *args]
+            sys.executable, "-m", "slurm_ft.cli.history", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/",
                           env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8"})
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import logging
 import os
 import sqlite3
@@ -44,10 +45,12 @@ def sqlite_error(kind: str) -> sqlite3.Error:
 class Disk:
     """Makes this process's journal writes fail like ``kind`` (default a full disk) while
     :attr:`db` / :attr:`spool` are set: the database refuses the write, the spool cannot be
-    appended to (the same filesystem)."""
+    appended to (the same filesystem). An insert of an action named in :attr:`poison` is refused
+    for its content (a constraint), whatever the disk does."""
 
     def __init__(self, monkeypatch):
         self.db = self.spool = False
+        self.poison: set[str] = set()
         self.kind = "disk_full"
         apply_op, spool_append = store.Journal._apply_op, store.Journal._spool_append
         disk = self
@@ -55,6 +58,8 @@ class Disk:
         def failing_apply(self, conn, op):
             if disk.db:
                 raise sqlite_error(disk.kind)
+            if op["op"] == "insert" and op["row"].get("action") in disk.poison:
+                raise sqlite3.IntegrityError("CHECK constraint failed: poison")
             return apply_op(self, conn, op)
 
         def failing_spool(self, op):
@@ -194,7 +199,7 @@ def test_doctor_metrics_and_ft_history_name_a_full_journal_disk(tmpfs, tmp_path)
     from slurm_ft import config as config_mod
     from slurm_ft.admin import doctor
     from slurm_ft.admin import metrics
-    from slurm_ft.history.query import command
+    from slurm_ft.cli.history import command
 
     path = tmpfs / "journal" / "daemon.db"
     open_journal(path).close()
@@ -298,8 +303,10 @@ def test_an_epilog_on_a_full_node_disk_names_it_and_still_posts_the_verdict(w, d
 # ------------------------------------------------------------------ generative: every row once, in order
 class TroubleMachine(RuleBasedStateMachine):
     """Random interleavings of writes, failing storage (each kind, database and spool apart),
-    flushes and recoveries: reads always see every write, and once the storage takes writes
-    again the database holds every row exactly once, in the order written."""
+    writes refused for their content, flushes and recoveries: reads always see every write, and
+    once the storage takes writes again every accepted row is in the database exactly once, in
+    the order written, or (refused for its content while it waited) in ``dead_letters`` exactly
+    once, in order; one refused at once is raised to its caller and kept nowhere."""
 
     def __init__(self):
         super().__init__()
@@ -311,6 +318,8 @@ class TroubleMachine(RuleBasedStateMachine):
         self.verdicts: dict[tuple[int, str], str] = {}
         self.states: dict[int, str] = {}
         self.ids: list[tuple[int, int]] = []                 # (index in actions, id from intend)
+        self.dead: list[str] = []                            # poisoned writes accepted, in order
+        self.disk.poison = set()
         self.n = 0
 
     @rule(db=st.sampled_from(["disk_full", "io_error", "read_only", "busy"]), db_fails=st.booleans(),
@@ -352,6 +361,34 @@ class TroubleMachine(RuleBasedStateMachine):
         self.j.add_health("n1", [{"check": f"c{self.n}", "status": "ok"}])
         self.health.append(f"c{self.n}")
 
+    @rule(finish=st.booleans())
+    def poisoned(self, finish):
+        self.n += 1
+        name = f"p{self.n}"
+        self.disk.poison.add(name)
+        at_once = not self.j.spooled and not self.disk.db      # else it waits behind others / the fault
+        try:
+            aid = self.j.intend(9, 0, name, "n1")
+        except JournalError as exc:
+            assert at_once and "CHECK constraint failed" in str(exc)
+            return
+        assert not at_once and aid < 0
+        self.dead.append(f"insert {name}")
+        if finish:
+            self.j.finish(aid)                                  # its update waits too: set aside with it
+            self.dead.append("update")
+
+    @precondition(lambda self: not (self.disk.db and self.disk.spool))    # else memory's rows die with it
+    @rule()
+    def restart(self):
+        """The process ends and another opens the journal: close puts the rows only memory held
+        into the spool, the new connection reads the spool back; outstanding intents are found
+        again through pending_intents(), as the daemon finds them."""
+        self.j.close()
+        self.j = open_journal(Path(self.dir) / "j.db", spool=True, busy_timeout_s=0.05)
+        by_name = {a["action"]: a["id"] for a in self.j.pending_intents()}
+        self.ids = [(i, by_name[self.actions[i][1]]) for i, _ in self.ids]
+
     @rule()
     def flush(self):
         ok = self.j.flush()
@@ -379,7 +416,10 @@ class TroubleMachine(RuleBasedStateMachine):
             assert {(r[0], r[1]): r[2] for r in db.execute("SELECT job_id, node, rule FROM verdicts")} == \
                 self.verdicts
             assert {r[0]: r[1] for r in db.execute("SELECT job_id, ft_state FROM jobs")} == self.states
-            assert self.j.dead_letter_count() == 0
+            assert [r[0] for r in db.execute("SELECT job_id FROM actions WHERE job_id = 9")] == []
+            dead = [json.loads(r[0]) for r in db.execute("SELECT op FROM dead_letters ORDER BY id")]
+            assert [f"insert {d['row']['action']}" if d["op"] == "insert" else d["op"] for d in dead] == self.dead
+            assert self.j.flush() and self.j.dead_letter_count() == len(self.dead)     # never retried
             self.j.close()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)

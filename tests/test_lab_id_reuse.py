@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_ft import config as config_mod
-from slurm_ft.history.query import command as ft_history_cmd
+from slurm_ft.cli.history import command as ft_history_cmd
 from slurm_ft.lab.demo import ckpt_step, job_gpu_index, submit_training, wait_for, wait_started
 from slurm_ft.lab.inject import inject_xid
 

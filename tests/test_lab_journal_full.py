@@ -94,7 +94,7 @@ def test_a_full_journal_disk_does_not_stop_the_failover_and_the_journal_catches_
         assert "cannot rollback" not in said and "aside" not in said
         assert any(n.drained for n in slurm.nodes() if n.name == first.nodes)
         # ft-history warns while the journal cannot take writes
-        r = subprocess.run([sys.executable, "-m", "slurm_ft.history.query", "-j", str(job.job_id), "--journal",
+        r = subprocess.run([sys.executable, "-m", "slurm_ft.cli.history", "-j", str(job.job_id), "--journal",
                             str(journal)], capture_output=True, text=True, env=lab.env())
         assert "disk full" in r.stderr, r.stderr
         filler.unlink()
@@ -111,7 +111,7 @@ def test_a_full_journal_disk_does_not_stop_the_failover_and_the_journal_catches_
         with open_journal(journal, readonly=True) as j:
             h = history(j, job.job_id)
         assert len(h["attempts"]) >= 2 and h["attempts"][0]["verdict"] == "hardware"
-        r = subprocess.run([sys.executable, "-m", "slurm_ft.history.query", "-j", str(job.job_id), "--journal",
+        r = subprocess.run([sys.executable, "-m", "slurm_ft.cli.history", "-j", str(job.job_id), "--journal",
                             str(journal), "--json"], capture_output=True, text=True, env=lab.env())
         assert r.returncode == 0 and "disk full" not in r.stderr, r.stderr
         assert json.loads(r.stdout)["attempts"][0]["verdict"] == "hardware"

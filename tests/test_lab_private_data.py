@@ -100,11 +100,11 @@ def test_private_data_jobs_shows_the_user_only_their_own(lab, slurm, ft_history)
         assert detail.returncode == 0, detail.stderr
         assert re.search(rf"^Job {mine} \(pd-mine\): ft state user-error.*user {LAB_USER}", detail.stdout, re.M)
         assert re.search(r"^\s+n\d user \(cuda-oom\): ", detail.stdout, re.M), detail.stdout
-        from_file = as_root([sys.executable, "-m", "slurm_ft.history.query", "-j", str(mine), "--detail"])
+        from_file = as_root([sys.executable, "-m", "slurm_ft.cli.history", "-j", str(mine), "--detail"])
         assert from_file.returncode == 0 and from_file.stdout == detail.stdout, (from_file.stdout, detail.stdout)
 
         # root still sees both
-        both = as_root([sys.executable, "-m", "slurm_ft.history.query", "-X", "-n", "-P", "-a", "-S", "now-2hours"])
+        both = as_root([sys.executable, "-m", "slurm_ft.cli.history", "-X", "-n", "-P", "-a", "-S", "now-2hours"])
         assert both.returncode == 0 and {str(mine), str(roots)} <= _ids(both.stdout), both
     finally:
         try:

@@ -63,7 +63,7 @@ def test_user_sees_own_history_not_roots(lab, slurm, ft_history):
     assert re.search(rf"^Job {mine} \(uh-mine\): ft state user-error.*user {LAB_USER}", detail.stdout, re.M)
     assert re.search(r"^\s+n\d user \(cuda-oom\): ", detail.stdout, re.M), detail.stdout
     # the evidence lines as root reads them from the file: the service gives the owner the same view
-    as_root = subprocess.run([sys.executable, "-m", "slurm_ft.history.query", "-j", str(mine), "--detail"],
+    as_root = subprocess.run([sys.executable, "-m", "slurm_ft.cli.history", "-j", str(mine), "--detail"],
                              capture_output=True, text=True, timeout=90, env=lab.env(), cwd="/")
     assert as_root.returncode == 0 and as_root.stdout == detail.stdout, (as_root.stdout, detail.stdout)
 

@@ -39,9 +39,9 @@ def view(nodes=(), now=NOW) -> m.View:
     return m.View(now, {n.name: n for n in nodes}, CFG, top_priority=100)
 
 
-def act(name, attempt=0, status="done", detail="", created=NOW - 10, target=""):
+def act(name, attempt=0, status="done", detail="", created=NOW - 10, target="", kind=None):
     return {"action": name, "attempt": attempt, "status": status, "detail": detail, "created": created,
-            "target": target}
+            "target": target, "kind": kind}
 
 
 HW = NodeVerdict(7, 0, "hardware", "xid-79", ((79, "0000:10:00"),), 1, NOW - 40, "n1")
@@ -75,7 +75,7 @@ def test_a_late_hardware_verdict_reopens_a_no_fault_decision():
     out = m.plan(job(), facts(state=policy.FAILED, actions=decided, verdicts=[HW]), view())
     assert kinds(out) == ["Failover"]
     # a decision that already accounted for hardware is not reopened: the late node is drained
-    done = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n2"]}), target="n2"),
+    done = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n2"]}), target="n2", kind="blamed"),
             act("drain", target="n2")]
     out = m.plan(job(nodes="n[1-2]"), facts(state=policy.FAILOVER, actions=done, verdicts=[HW]), view())
     assert kinds(out) == ["DrainLate"] and out[-1].nodes == ("n1",)
@@ -89,7 +89,7 @@ def test_user_error_is_final_and_unreopened_without_hardware():
 
 
 def test_start_time_now_only_while_waiting_on_the_requeue_delay_and_bounded():
-    requeued = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}))]
+    requeued = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), kind="blamed")]
     pend = dict(state="PENDING", restart=1, nodes="", reason="BeginTime", eligible_time=int(NOW + 100))
     out = m.plan(job(**pend), facts(state=policy.FAILOVER, actions=requeued), view())
     assert kinds(out) == ["ClearDelay", "Wake"]
@@ -213,7 +213,8 @@ def test_a_restart_that_may_reuse_a_node_it_left_waits_for_the_revoked_credentia
                    view(now=NOW + 2))
     assert kinds(later) == ["ClearDelay", "Wake"]
     # every node it left is excluded (a one-node failover): at once
-    one = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1", created=NOW - 0.4)]
+    one = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1", created=NOW - 0.4,
+               kind="blamed")]
     out = m.plan(job(**pend, excluded_nodes="n1"), facts(state=policy.FAILOVER, actions=one), view())
     assert kinds(out) == ["ClearDelay", "Wake"]
 
@@ -261,7 +262,8 @@ def test_a_multi_node_node_fail_naming_no_node_gets_one_unblamed_retry():
     out = main(m.plan(ended, facts(attempts=TWO, verdicts=[SURVIVOR_UNKNOWN]), view(fine)))
     assert kinds(out) == ["Failover"] and out[0].blamed == () and out[0].node_fail == ()
     assert policy.NODE_FAIL_UNNAMED_RULE in out[0].reason
-    retried = [act("failover", attempt=-1, detail=json.dumps({"reason": "x", "blamed": []}))]   # an earlier one
+    retried = [act("failover", attempt=-1, detail=json.dumps({"reason": "x", "blamed": []}),   # an earlier one
+                   kind="unblamed")]
     out = main(m.plan(ended, facts(actions=retried, attempts=TWO), view(fine)))
     assert kinds(out) == ["Final"] and out[0].kind == policy.MAX_RETRIES and _blamed(out) == set()
 
@@ -314,7 +316,7 @@ def test_blame_is_only_what_slurm_or_trusted_hardware_says():
             j = job(state=how, nodes=hostlist, reason="NodeDown", **raw)
         attempts = ({"attempt": 0, "nodes": hostlist, "start": NOW - 100, "end": NOW - 50, "state": how,
                      "exit_code": 1, "signal": None},)
-        done = [act("failover", attempt=-1 - i, detail=json.dumps({"reason": "x", "blamed": []}))
+        done = [act("failover", attempt=-1 - i, detail=json.dumps({"reason": "x", "blamed": []}), kind="unblamed")
                 for i in range(failovers)]
         f = m.Facts(7, row={"ft_state": policy.RUNNING, "retries": retries}, actions=tuple(done),
                     verdicts=tuple(verdicts), attempts=attempts, opts=OPTS, seen_ended=NOW - 60)
@@ -412,6 +414,6 @@ def test_verdicts_that_do_not_prove_a_running_attempt_ended_leave_it_running():
         out = m.plan(job(state="RUNNING", reason="None", end_time=0, start_time=int(NOW - 200)),
                      facts(verdicts=[v]), view())
         assert "Failover" not in kinds(out) and "Wake" not in kinds(out), v
-    decided = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1")]
+    decided = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1", kind="blamed")]
     out = m.plan(running, facts(state=policy.FAILOVER, actions=decided, verdicts=[replace(HW, time=old)]), view())
     assert "Failover" not in kinds(out)

@@ -188,3 +188,19 @@ def test_time_to_recover_has_buckets_under_a_second():
     fam = metrics._histogram("slurm_ft_time_to_recover_seconds", "doc", [0.0, 0.4, 1.0, 2.0])
     buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
     assert buckets["0.5"] == 2 and buckets["1.0"] == 3 and buckets["2.0"] == 4 and buckets["+Inf"] == 4
+
+
+def test_a_failover_slurm_refused_counts_as_failed_not_as_an_evacuation(tmp_path):
+    """A refused requeue replaces the failover's detail with Slurm's refusal (plain text); its kind,
+    typed when the intent was written, still says it was a fault's failover, so
+    ``slurm_ft_failovers_failed_total`` (the install guide's alert) counts it. Read from the text,
+    as before the typed column, it looked like an evacuation's requeue and was never counted."""
+    path = tmp_path / "journal.db"
+    with open_journal(path) as j:
+        aid = j.intend(7, 0, "failover", "n1", json.dumps({"reason": "hardware (xid-79)", "blamed": ["n1"]}),
+                       kind="blamed")
+        j.finish(aid, "failed", "scontrol requeue 7: Requested operation is presently disabled")
+        j.record(8, 0, "failover", "n2", "evacuated by admin", kind="evacuation")
+    with open_journal(path, readonly=True) as j:
+        c = metrics.journal_counts(j)
+    assert c["failovers_failed"] == 1 and c["failovers"] == {}

@@ -243,7 +243,7 @@ def test_healthcheckprogram_reposts_on_an_idle_node(tmp_path, monkeypatch):
 
     from daemon_world import write_config
     from slurm_ft import config as config_mod
-    from slurm_ft.health.cli import health_command
+    from slurm_ft.cli.health import health_command
 
     path = write_config(tmp_path)
     cfg, slurm = config_mod.load(path), FieldSlurm()

@@ -8,7 +8,8 @@ import json
 from click.testing import CliRunner
 
 from slurm_ft import config as config_mod
-from slurm_ft.history.query import command, history, render_table
+from slurm_ft.history.query import history, render_table
+from slurm_ft.cli.history import command
 from slurm_ft.journal import open_journal
 from slurm_ft.report import collect, render
 from slurm_ft.slurm import Node

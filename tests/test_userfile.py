@@ -527,3 +527,35 @@ def test_errors_are_the_documented_ones():
     with pytest.raises(TypeError):
         read_tail(3, 0, 0, 10)
     assert issubclass(UserFileError, SlurmFTError)
+
+
+#: Rooms whose code runs as root on a node or the controller (docs/architecture.md).
+ROOT_ROOMS = ("node", "hang", "failover", "classify", "health", "remediate", "drain", "journal", "slurm")
+#: Names a job's output path goes by in slurm-ft (Slurm's StdOut/StdErr, our variables).
+_OUTPUT_WORDS = ("stdout", "stderr", "std_out", "std_err", "output", "out_path", "err_path")
+
+
+def test_root_code_opens_a_jobs_output_only_through_userfile():
+    """The one way root code reads or writes a file the job controls is slurm_ft/node/userfile.py
+    (read_tail, open_path, append_line): no other module of a root room passes a path named like
+    the job's output to open(), os.open(), os.fdopen() or a Path's open/read/write."""
+    import ast
+
+    package = Path(userfile.__file__).resolve().parents[1]
+    opens = {"open", "fdopen", "read_text", "read_bytes", "write_text", "write_bytes"}
+    bad = []
+    for room in ROOT_ROOMS:
+        for f in sorted((package / room).rglob("*.py")):
+            if f == Path(userfile.__file__).resolve():
+                continue
+            for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+                if not isinstance(n, ast.Call):
+                    continue
+                fn = n.func
+                name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+                if name not in opens:
+                    continue
+                what = ast.unparse(n.args[0]) if n.args else ast.unparse(fn)
+                if any(w in what.lower() for w in _OUTPUT_WORDS):
+                    bad.append(f"{f.relative_to(package)}:{n.lineno}: {name}({what})")
+    assert bad == []

@@ -45,6 +45,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_ft import pathtrust
 from slurm_ft.admin import assets
 from slurm_ft.errors import SlurmFTError
 
@@ -121,22 +122,21 @@ def marker_state(text: str) -> str:
 def untrusted(path: str | Path) -> str | None:
     """Why ``path`` is not safe for root to execute or read code from (a file or directory another
     user could replace), or None. Checks the path as given (every component, symlinks included)
-    and the path it resolves to: each must be root's and not writable by group or others (a
-    directory may be, with the sticky bit, as /tmp)."""
+    and the path it resolves to, with :mod:`slurm_ft.pathtrust`: each must be root's and not
+    writable by group or others (a directory may be, with the sticky bit, as /tmp, except the
+    last component); a symlink passes when root's (its target is on the resolved path)."""
     p = Path(path)
+    above = pathtrust.Rule(frozenset({0}), 0o022, sticky=True, kind=pathtrust.ANY, links=True)
+    leaf = pathtrust.Rule(frozenset({0}), 0o022, sticky=False, kind=pathtrust.ANY, links=True)
     for chain in (p, Path(os.path.realpath(p))):
-        for q in [chain, *chain.parents]:
-            try:
-                st = os.lstat(q)
-            except OSError as exc:
-                return f"{q}: {exc.strerror}"
-            if st.st_uid != 0:
-                return f"{q} is owned by uid {st.st_uid}, not root"
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and q != chain
-            if st.st_mode & 0o022 and not sticky_dir:
-                return f"{q} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        found = pathtrust.check_chain(chain, above, leaf=leaf)
+        if found is None:
+            continue
+        if found.exc is not None:
+            return f"{found.path}: {found.exc.strerror}"
+        if found.why == pathtrust.OWNER:
+            return f"{found.path} is owned by uid {found.uid}, not root"
+        return f"{found.path} is writable by group or others (mode {found.perms})"
     return None
 
 

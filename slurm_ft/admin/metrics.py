@@ -45,7 +45,6 @@ slurm_ft_kernel_log_unavailable_total    counter epilogs on this host that could
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -56,6 +55,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from slurm_ft.failover import daemonlock
+from slurm_ft.journal.migrations import typed_from_text
 from slurm_ft.errors import SlurmFTError
 
 log = logging.getLogger("slurm_ft.admin.metrics")
@@ -96,12 +96,11 @@ def journal_counts(journal) -> dict:
     failovers: Counter = Counter()
     failed = 0
     recovered_from: list[tuple[int, int]] = []
-    for a in db.query("SELECT job_id, attempt, detail, status FROM actions WHERE action = 'failover'"):
-        try:
-            detail = json.loads(a["detail"] or "{}")
-        except ValueError:
-            detail = None
-        if not isinstance(detail, dict):      # an evacuation's requeue (plain-text detail): not a fault
+    for a in db.query("SELECT job_id, attempt, detail, status, kind FROM actions WHERE action = 'failover'"):
+        # the failover's kind, typed when its intent was written (migration 011); a refused one keeps
+        # it although its detail became Slurm's refusal (it was read as an evacuation, never counted)
+        kind = a["kind"] or typed_from_text("failover", a["detail"])["kind"]
+        if kind == "evacuation":              # an evacuation's requeue: not a fault
             continue
         if a["status"] == "failed":
             failed += 1
@@ -109,7 +108,7 @@ def journal_counts(journal) -> dict:
         if a["status"] != "done":
             continue
         cls, rule = first_fault.get((a["job_id"], a["attempt"]), ("unknown", "unknown"))
-        failovers[(cls, rule, "yes" if detail.get("blamed") else "no")] += 1
+        failovers[(cls, rule, "yes" if kind == "blamed" else "no")] += 1
         recovered_from.append((a["job_id"], a["attempt"]))
     out["failovers"], out["failovers_failed"] = failovers, failed
     decisions: Counter = Counter()

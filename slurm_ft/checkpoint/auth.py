@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
+from slurm_ft import pathtrust
 from slurm_ft.errors import ConfigError, SlurmFTError
 
 ENV_TOKEN = "SLURM_FT_CKPT_TOKEN"
@@ -135,7 +136,9 @@ class TokenLocation:
 
 def _private_dir(parent_fd: int, name: str, uid: int, where: str, create: bool) -> int:
     """Open directory ``name`` under ``parent_fd`` (never through a symlink) and check it is owned
-    by ``uid`` and closed to group and others; with ``create``, make it (0700) if missing."""
+    by ``uid`` and closed to group and others (:func:`slurm_ft.pathtrust.private`); with
+    ``create``, make it (0700) if missing. Returns its descriptor; raises :class:`ConfigError`
+    (FileNotFoundError / PermissionError when it is not there / not reachable)."""
     if create:
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
@@ -150,7 +153,7 @@ def _private_dir(parent_fd: int, name: str, uid: int, where: str, create: bool) 
             raise ConfigError(f"{where}: refusing a symlink or non-directory here") from None
         raise ConfigError(f"{where}: cannot open: {exc.strerror}") from None
     st = os.fstat(fd)
-    if st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
+    if pathtrust.judge(st, pathtrust.private(uid, pathtrust.DIR)) is not None:
         os.close(fd)
         raise ConfigError(f"{where}: refusing a directory owned by uid {st.st_uid} with mode "
                           f"{stat.S_IMODE(st.st_mode):04o} (want uid {uid}, mode 0700)")
@@ -194,7 +197,8 @@ def write_token(loc: TokenLocation, token: str) -> str:
                 break
             except FileExistsError:
                 st = os.stat(loc.name, dir_fd=dir_fd, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != loc.uid:
+                stale = pathtrust.Rule(frozenset({loc.uid}), 0, kind=pathtrust.FILE)   # any mode: it is replaced
+                if pathtrust.judge(st, stale) is not None:
                     raise ConfigError(f"{loc.path}: refusing to replace a symlink or a file not ours") from None
                 os.unlink(loc.name, dir_fd=dir_fd)
         else:
@@ -254,8 +258,7 @@ def _open_token_file(name: str, path: str, dir_fd: int | None = None) -> int:
 
 
 def _read_checked(fd: int, path: str, uid: int) -> str:
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
+    if pathtrust.judge(os.fstat(fd), pathtrust.private(uid, pathtrust.FILE)) is not None:
         raise TokenError(f"{path}: refusing: not a regular file of uid {uid} with mode 0600")
     token = os.read(fd, _MAX_FILE).decode("ascii", "replace").strip()
     if not valid_token(token):

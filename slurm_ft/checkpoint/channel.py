@@ -22,10 +22,11 @@ The record's one encoder/decoder and writer are in the job-side client
 from __future__ import annotations
 
 import os
+import time
 
 from slurm_ft.data.client import slurm_ft_job as _job
 from slurm_ft.data.client.slurm_ft_job import (  # noqa: F401 (re-exports)
-    MAX_PATH, PREFIX, STATES, Ack, find, merge)
+    PREFIX, STATES, Ack, find, merge)
 from slurm_ft.errors import SlurmFTError
 
 
@@ -46,20 +47,23 @@ class Reporter(_job.Reporter):
         return super().from_env(os.environ if env is None else env, slurm=slurm)
 
     def read_comment(self) -> str:
+        """The job's comment, read through the Slurm layer (the client's own reader runs squeue)."""
         return self.slurm.job_comment(self.job_id)
 
-    def write_comment(self, comment: str) -> None:
-        self.slurm.update_job(self.job_id, Comment=comment)
-
     def report(self, state: str, step: int | None = None, path: str | None = None) -> Ack:
-        """Record ``state`` in the job's comment. Raises :class:`SlurmFTError` if Slurm refuses
-        or ``state`` is not one of :data:`STATES`."""
+        """Record ``state`` in the job's comment through the comment's one writer
+        (:func:`slurm_ft.slurm.put_comment_record`). Raises :class:`SlurmFTError` if Slurm
+        refuses or ``state`` is not one of :data:`STATES`."""
         if state not in STATES:
             raise SlurmFTError(f"checkpoint state must be one of {', '.join(STATES)}, got {state!r}")
+        ack = Ack(state, self.attempt, step, time.time(), path)
         try:
-            return super().report(state, step, path)
+            word = ack.encode()
         except _job.ClientError as exc:
             raise SlurmFTError(str(exc)) from None
+        from slurm_ft.slurm import put_comment_record
+        put_comment_record(self.slurm, self.job_id, PREFIX, word)
+        return ack
 
 
 #: Training code's report: a Slurm hiccup is printed, never raised (slurm_ft_job.report_quietly).

@@ -12,13 +12,17 @@ How: the controller runs one overlapping step on every node of the job, **as the
     srun --jobid=J --overlap -N n --ntasks-per-node=1 -w NODES --gres=none \\
          python -m slurm_ft.checkpoint.deliver --job J --signal USR1
 
-and on each node :func:`deliver` picks the job's processes (descendants of the job's
-``slurmstepd: [J.<step>]`` processes, and members of a ``job_J`` cgroup where proctrack/cgroup
-is used), minus its own step, and signals each one whose ``SigCgt`` mask in
+and on each node :func:`deliver` picks the job's processes with the one process scanner,
+:func:`slurm_ft.hang.procs.scan` (descendants of the job's ``slurmstepd: [J.<step>]`` processes,
+the ``extern`` step's included, and members of a ``job_J`` step cgroup where proctrack/cgroup is
+used, owned by the step's user), minus its own step, and signals each one whose ``SigCgt`` mask in
 ``/proc/PID/status`` (proc(5)) says it has a handler for the signal. A shell without a ``trap``,
 a Python program without a handler, ``srun`` (it forwards signals from a ``sigwait`` thread:
 the signal is blocked, not caught, so it is never in ``SigCgt``; skipped by name as well) are
 left alone and keep running. One JSON line per node reports what was signalled and skipped.
+
+The step runs this file with the nodes' system Python, which need not have slurm-ft installed:
+:func:`_node_source` is a stand-alone program holding the scanner's source and this file's.
 
 Trust: the step runs with the job owner's uid, so it can signal nothing the owner could not.
 What it reports is the owner's to forge (same uid): it is journaled as the job's report and only
@@ -29,11 +33,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal as _signal
 import socket
 import sys
 from dataclasses import dataclass, field
+
+from slurm_ft.hang.procs import Proc, scan
 
 #: Programs that forward a signal they receive to processes slurm-ft signals itself.
 FORWARDERS = frozenset({"srun", "slurmstepd", "mpirun", "mpiexec", "orterun", "prterun"})
@@ -41,98 +46,14 @@ FORWARDERS = frozenset({"srun", "slurmstepd", "mpirun", "mpiexec", "orterun", "p
 STEP_NAME = "slurm-ft-ckpt-notify"
 
 
-@dataclass
-class Proc:
-    pid: int
-    ppid: int
-    uid: int
-    comm: str
-    cmdline: str
-    sigcgt: int       # bit n-1 set: a handler is installed for signal n (proc(5) SigCgt)
-    sigign: int
-    cgroup: str
-    node: str | None = None   # SLURMD_NODENAME in its environment (readable by its owner only)
-
-
-def read_proc(pid: int, proc: str = "/proc") -> Proc | None:
-    """One process from ``/proc/PID`` (None when it vanished or is unreadable)."""
-    base = f"{proc}/{pid}"
-    try:
-        with open(f"{base}/status", encoding="utf-8", errors="replace") as fh:
-            status = dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
-        with open(f"{base}/cmdline", "rb") as fh:
-            cmdline = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        try:
-            with open(f"{base}/cgroup", encoding="utf-8", errors="replace") as fh:
-                cgroup = fh.read()
-        except OSError:
-            cgroup = ""
-        return Proc(pid=pid, ppid=int(status.get("PPid", "0")), uid=int(status.get("Uid", "0").split()[0]),
-                    comm=status.get("Name", ""), cmdline=cmdline, sigcgt=int(status.get("SigCgt", "0"), 16),
-                    sigign=int(status.get("SigIgn", "0"), 16), cgroup=cgroup, node=_env_node(base))
-    except (OSError, ValueError):
-        return None
-
-
-def _env_node(base: str) -> str | None:
-    """``SLURMD_NODENAME`` of a process (None when unreadable: another user's, or gone)."""
-    try:
-        with open(f"{base}/environ", "rb") as fh:
-            for item in fh.read().split(b"\0"):
-                if item.startswith(b"SLURMD_NODENAME="):
-                    return item.split(b"=", 1)[1].decode("utf-8", "replace")
-    except OSError:
-        pass
-    return None
-
-
-def all_procs(proc: str = "/proc") -> dict[int, Proc]:
-    out = {}
-    for name in os.listdir(proc):
-        if name.isdigit():
-            p = read_proc(int(name), proc)
-            if p is not None:
-                out[p.pid] = p
-    return out
-
-
-def step_of(p: Proc, job_id: int) -> str | None:
-    """The step (``0``, ``batch``, ``extern``...) whose slurmstepd ``p`` is, or whose cgroup it is
-    in; None otherwise. A slurmstepd is a root process titled ``slurmstepd: [J.step]`` (a user
-    cannot retitle a root process)."""
-    if p.uid == 0:
-        m = re.match(rf"slurmstepd: \[{job_id}\.([\w-]+)\]", p.cmdline)
-        if m:
-            return m.group(1)
-    m = re.search(rf"/job_{job_id}/step_([\w-]+)", p.cgroup)
-    return m.group(1) if m else None
-
-
-def job_processes(job_id: int, procs: dict[int, Proc], uid: int, node: str | None = None) -> list[tuple[Proc, str]]:
-    """The job's processes on this node with their step: every descendant of one of its
-    slurmstepd processes, and every process in one of its step cgroups, owned by ``uid`` (the
-    job's owner). slurmstepd itself is not returned, nor (where several slurmd share one host,
-    as in the lab) a process whose ``SLURMD_NODENAME`` names another ``node``."""
-    steps: dict[int, str] = {}
-    for p in procs.values():
-        s = step_of(p, job_id)
-        if s is not None:
-            steps[p.pid] = s
-    out = []
-    for p in procs.values():
-        if p.uid != uid or (p.uid == 0 and p.pid in steps and p.comm == "slurmstepd"):
-            continue
-        if node and p.node and p.node != node:
-            continue
-        cur, seen = p, set()
-        step = steps.get(p.pid)
-        while step is None and cur is not None and cur.ppid and cur.pid not in seen:
-            seen.add(cur.pid)
-            step = steps.get(cur.ppid)
-            cur = procs.get(cur.ppid)
-        if step is not None:
-            out.append((p, step))
-    return sorted(out, key=lambda ps: ps[0].pid)
+def job_processes(job_id: int, uid: int, node: str | None = None, proc_root: str = "/proc") -> list[Proc]:
+    """The job's processes on this node that the delivery considers, sorted by pid: every
+    process of user ``uid`` (the job's owner) below one of the job's slurmstepd processes or in
+    one of its step cgroups, the ``extern`` step's included (``pam_slurm_adopt`` puts ssh
+    sessions there), slurmstepd itself never; where several slurmd share one host (the lab), not
+    a process whose ``SLURMD_NODENAME`` names another ``node``. :func:`slurm_ft.hang.procs.scan`
+    with the delivery's filters; raises OSError when ``proc_root`` cannot be listed."""
+    return scan(job_id, uid=uid, node=node or None, extern=True, cgroups=True, proc_root=proc_root)
 
 
 @dataclass
@@ -147,25 +68,27 @@ class NodeReport:
                            "error": self.error}, sort_keys=True)
 
 
-def deliver(job_id: int, signum: int, *, own_step: str | None, procs: dict[int, Proc] | None = None,
+def deliver(job_id: int, signum: int, *, own_step: str | None, proc_root: str = "/proc",
             kill=os.kill, node: str | None = None, uid: int | None = None) -> NodeReport:
-    """Signal ``signum`` to each process of job ``job_id`` on this node that catches it.
-    Skipped (and reported): the delivering step ``own_step``, forwarders (:data:`FORWARDERS`),
-    processes that ignore the signal or have no handler for it (its default action would kill
-    them, e.g. a batch shell without ``trap``)."""
+    """Signal ``signum`` to each process of job ``job_id`` on this node that catches it
+    (:func:`job_processes` of user ``uid``, default the caller's effective uid, on ``node``,
+    default ``$SLURMD_NODENAME``). Skipped (and reported): the delivering step ``own_step``,
+    forwarders (:data:`FORWARDERS`), processes that ignore the signal or have no handler for it
+    (its default action would kill them, e.g. a batch shell without ``trap``). Raises OSError
+    when ``proc_root`` cannot be listed."""
     here = node or os.environ.get("SLURMD_NODENAME")
     report = NodeReport(here or socket.gethostname())
-    procs = all_procs() if procs is None else procs
     bit = 1 << (signum - 1)
-    for p, step in job_processes(job_id, procs, os.geteuid() if uid is None else uid, here):
+    for p in job_processes(job_id, os.geteuid() if uid is None else uid, here, proc_root):
+        step = p.step
         if step == own_step:
             continue
         item = {"pid": p.pid, "comm": p.comm, "step": step}
         if p.comm in FORWARDERS:
             why = "forwards signals itself"
-        elif p.sigign & bit:
+        elif p.ignored & bit:
             why = "ignores the signal"
-        elif not p.sigcgt & bit:
+        elif not p.caught & bit:
             why = "no handler (the default action would end it)"
         else:
             try:
@@ -257,10 +180,31 @@ def signal_job(slurm, job, signal_name: str, *, python: str = NODE_PYTHON, timeo
     return out
 
 
+#: The stand-alone program the delivering step runs: it registers the scanner's source as the
+#: module ``slurm_ft.hang.procs`` (empty parent packages: nothing of slurm-ft is imported from
+#: disk), then runs this file's source as ``__main__``.
+_BOOT = """import sys, types
+for _name in ("slurm_ft", "slurm_ft.hang"):
+    sys.modules[_name] = types.ModuleType(_name)
+    sys.modules[_name].__path__ = []
+_procs = types.ModuleType("slurm_ft.hang.procs")
+sys.modules[_procs.__name__] = _procs
+exec(compile({procs!r}, "slurm_ft/hang/procs.py", "exec"), _procs.__dict__)
+exec(compile({main!r}, "slurm_ft/checkpoint/deliver.py", "exec"), globals())
+"""
+
+
 def _node_source() -> str:
-    """This module's source (its node half runs stand-alone: stdlib imports only at top level)."""
+    """The program the delivering step runs with ``python -I -c`` (a str of Python source): the
+    scanner (:mod:`slurm_ft.hang.procs`) and this module, standard library only, needing no
+    slurm-ft on the node. Raises OSError when either source file cannot be read."""
+    from slurm_ft.hang import procs
+
+    with open(procs.__file__, encoding="utf-8") as fh:
+        scanner = fh.read()
     with open(__file__, encoding="utf-8") as fh:
-        return fh.read()
+        main = fh.read()
+    return _BOOT.format(procs=scanner, main=main)
 
 
 def _item(d: dict) -> dict:

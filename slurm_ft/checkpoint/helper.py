@@ -27,8 +27,6 @@ import os
 from typing import Callable
 
 from slurm_ft.data.client import slurm_ft_job as _job
-from slurm_ft.data.client.slurm_ft_job import FAILED, IDLE, NOTIFIED, REQUEUE_WAIT_S, SAVED  # noqa: F401
-from slurm_ft.data.client.slurm_ft_job import SAVING_STATE as SAVING  # noqa: F401
 from slurm_ft.errors import ConfigError
 from slurm_ft.failover.jobspec import DEFAULT_CKPT_SIGNAL, parse_signal
 from slurm_ft.hang.heartbeat import heartbeat  # noqa: F401 (re-export)

@@ -208,10 +208,22 @@ class NotifyServer:
         self.internal_errors = 0
         self.conns: dict[int, _Conn] = {}
         self._stop = threading.Event()
+        self._listen(host, int(port), env)
+        self._open_selector()
+        if export and isinstance(env, MutableMapping):
+            auth.export_token(env, self.token)
+        self.thread = threading.Thread(target=self.serve_forever, name="slurm-ft-notify", daemon=True)
+
+    def _listen(self, host: str, port: int, env: Mapping[str, str]) -> None:
+        """Bind and listen on ``host:port`` (non-blocking, backlog :data:`LISTEN_BACKLOG`) as
+        :attr:`sock`, then write the token file for the bound port (:attr:`location`,
+        :attr:`token_path`; ``env``: ``SLURM_JOB_ID``, ``SLURM_FT_RUNTIME_DIR``). Raises
+        :class:`OSError` (port in use) or :class:`ConfigError` (unsafe token directory); the
+        socket is closed then."""
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind((host, int(port)))
+            self.sock.bind((host, port))
             self.sock.listen(LISTEN_BACKLOG)
             self.sock.setblocking(False)
             self.location = auth.TokenLocation.for_port(self.address[1], env=env)
@@ -219,15 +231,17 @@ class NotifyServer:
         except BaseException:
             self.sock.close()
             raise
+
+    def _open_selector(self) -> None:
+        """The loop's selector (:attr:`sel`) over the listening socket (``"listen"``) and the
+        read end of a non-blocking socket pair (``"wake"``) through which :meth:`stop` wakes
+        the loop."""
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ, "listen")
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        if export and isinstance(env, MutableMapping):
-            auth.export_token(env, self.token)
-        self.thread = threading.Thread(target=self.serve_forever, name="slurm-ft-notify", daemon=True)
 
     @property
     def address(self) -> tuple[str, int]:

@@ -12,12 +12,11 @@ See docs/classifier.md.
 """
 
 from slurm_ft.classify.engine import classify
-from slurm_ft.classify.model import ACTIONS, CLASSES, Evidence, PriorCrash, PriorXid, Verdict, XidEvent
+from slurm_ft.classify.model import CLASSES, Evidence, PriorCrash, PriorXid, Verdict, XidEvent
 from slurm_ft.classify.parse import normalise_bus_id
 from slurm_ft.classify.policy import Policy, default_policy, from_config
 
 __all__ = [
-    "ACTIONS",
     "CLASSES",
     "Evidence",
     "Policy",

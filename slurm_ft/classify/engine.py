@@ -2,9 +2,10 @@
 
 1. Scan: kernel text and job output are scanned as bytes.  For each literal key of the policy's
    signature rows, ``bytes.find`` on the lower-cased text locates candidate lines; only those
-   lines run the rows' regexes.  Large inputs (>= 8 MiB) let ``grep -F`` pick the lines holding
-   one of their source's keys first, several greps at once (:mod:`.candidates`,
-   :mod:`.prefilter`); the same scan then runs on those lines only: same verdict.
+   lines run the rows' regexes.  Large inputs (>= 8 MiB, or from 128 KiB on when the epilog asks
+   with ``prefilter="grep"``) let ``grep -F`` pick the lines holding one of their source's keys
+   first, several greps at once (:mod:`.candidates`, :mod:`.prefilter`); the same scan then runs
+   on those lines only: same verdict.
 2. Kernel records: a record is evidence for hardware only when it BEGINS with a kernel-owned
    header (:func:`.parse.kernel_header`, ``data/kernel_headers.toml``); the rest of a record is
    text.  Xids are parsed the same way (:func:`.parse.parse_xid`).  An Xid or GPU record counts
@@ -19,19 +20,26 @@
    ties go to the earliest line, so the root cause (48 before its 64) decides.
    A clean exit (code 0, no signal, Slurm state unknown/COMPLETED) is ``ok`` whatever was seen;
    hardware evidence then still sets the action, so the node is drained even though the job lived.
+
+:func:`classify` is these steps in order, each a function of its own: :func:`candidate_lines`
+(1), :func:`attribute_xids`, :func:`fired_count_rules`, :func:`xid_candidates`,
+:func:`output_xid_candidates`, :func:`signature_candidates`, :func:`status_candidates` (2),
+:func:`rank`, :func:`decide`, the rules across jobs, :func:`evidence_lines` (3).
 """
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from slurm_ft.classify.model import MAX_EVIDENCE_CHARS, MAX_EVIDENCE_LINES, Evidence, Verdict, XidEvent
 from slurm_ft.classify.parse import (
-    find_bus_id, fmt, kernel_header, mask_user_fields, parse_time, parse_xid, record_body)
+    XidHit, find_bus_id, fmt, kernel_header, mask_user_fields, parse_time, parse_xid, record_body)
 from slurm_ft.classify import prefilter as prefilter_mod
 from slurm_ft.classify.consequence import judged_as
 from slurm_ft.classify.policy import Policy, default_policy
 from slurm_ft.classify.recurrence import recurring
+from slurm_ft.classify.table import CountRule
 
 #: Bytes of context kept either side of a key hit when a line is longer (huge lines stay cheap).
 HALF_WINDOW = 2048
@@ -43,9 +51,12 @@ MAX_XIDS = 100
 _OK_STATES = (None, "", "COMPLETED")
 
 
-class _Cand:
-    """One matched row/Xid. ``trusted``: it comes from evidence the job cannot write (kernel
-    records, Slurm's own state); only trusted hardware candidates may drain or reset."""
+class Candidate:
+    """One matched row/Xid: ``priority`` (higher wins), ``pos`` (byte position in the kernel text,
+    a newline and the job's output; ties go to the earliest), ``cls``/``action``/``rule`` (the
+    row's class, action and id), ``line`` (the evidence line, bytes).  ``trusted``: it comes from
+    evidence the job cannot write (kernel records, Slurm's own state); only trusted hardware
+    candidates may drain or reset."""
 
     __slots__ = ("priority", "pos", "cls", "action", "rule", "line", "trusted")
 
@@ -258,11 +269,6 @@ def _cluster(occ: list[tuple[bytes, tuple[str, float] | None]], window_s: float)
     return len(undated) + best
 
 
-def _count_fired(occ: list[tuple[bytes, tuple[str, float] | None]], count: int, window_s: float) -> bool:
-    """Whether ``count`` distinct occurrence keys fall within ``window_s`` seconds."""
-    return _cluster(occ, window_s) >= count
-
-
 def _prior_by_bus(prior: object) -> dict[str, list[tuple[float, int, bytes]]]:
     """``Evidence.prior_xids`` -> bus id -> ``[(epoch seconds, xid, occurrence key)]``.  Events
     without a bus id are dropped (which GPU they hit is unknown); malformed entries are skipped."""
@@ -322,93 +328,129 @@ def _across_jobs(policy: Policy, evidence: Evidence, verdict: str, rule: str,
     return verdict, rule, action, b""
 
 
-def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str = "auto") -> Verdict:
-    """Classify one job's end on one node.  Never raises on odd text: any bytes give a verdict.
+# -- the steps of classify(), in order ---------------------------------------------------------
 
-    ``prefilter``: ``"auto"`` lets ``grep -F`` select the candidate lines of inputs of at least
-    :data:`~slurm_ft.classify.prefilter.GREP_MIN_BYTES` (:mod:`.prefilter`), ``"grep"`` tries it
-    whatever the size, ``"python"`` never does.  The verdict is the same either way; grep
-    failing or missing silently means the pure-Python path."""
-    if prefilter not in ("auto", "grep", "python"):
-        raise ValueError(f"prefilter: 'auto', 'grep' or 'python', not {prefilter!r}")
-    policy = policy or default_policy()
-    kernel = _to_bytes(evidence.kernel_lines or ())
-    output = _text(evidence.stderr_tail or "")
+class Lines(NamedTuple):
+    """The candidate lines of one classification (:func:`candidate_lines`).  Positions are byte
+    offsets: kernel ones into the kernel text, ``output_hits`` ones into the kernel text, a
+    newline and the output (``out_base`` added), ``output_xids`` ones into the output alone."""
+
+    kernel_xids: list[tuple[int, bytes]]  #: ``[(line start, line)]`` holding ``xid``, wrapped headers re-joined
+    kernel_hits: list[tuple[object, int, bytes]]  #: ``[(signature row, position, line)]`` of ``kernel`` rows
+    output_hits: list[tuple[object, int, bytes]]  #: ``[(signature row, out_base + position, line)]`` of ``output`` rows
+    output_xids: list[tuple[int, bytes]]  #: ``[(line start in the output, line)]`` holding ``xid``
+    out_base: int  #: where the output starts after the kernel text: ``len(kernel) + 1`` bytes
+
+
+def candidate_lines(kernel: bytes, output: bytes, policy: Policy, *, strict: bool, prefilter: str = "auto") -> Lines:
+    """Step 1: the lines of ``kernel`` (the kernel text, records joined by ``\\n``) and ``output``
+    (the job's output) that hold a key of their source's signature rows or ``xid``, with the rows
+    they match.  ``strict``: kernel lines are ``/dev/kmsg`` records (a wrapped Xid header is then
+    never re-joined with the next record).  ``prefilter`` as :func:`classify`'s: through grep's
+    candidate lines or the pure-Python scan, the same :class:`Lines` either way."""
     out_base = len(kernel) + 1
-    cands: list[_Cand] = []
-    strict = bool(evidence.kernel_records)  # /dev/kmsg record bodies: never stripped of "wrappers"
-    unplaced: list[tuple[int, bytes]] = []  # hardware records that name no GPU of this job or node
-
     starts = None
     if prefilter == "grep" or (prefilter == "auto" and len(kernel) + len(output) >= prefilter_mod.GREP_MIN_BYTES):
         starts = _candidates(kernel, output, policy)
     if starts is None:
         kernel_low, output_low = kernel.lower(), output.lower()
-        xid_lines = _xid_lines(kernel, kernel_low, join=not strict) if kernel else []
-        sig_hits = [scan(kernel, kernel_low, policy.index.get("kernel", {})),
-                    scan(output, output_low, policy.index.get("output", {}), out_base)]
-        output_xid_lines = _xid_lines(output, output_low, join=True) if b"xid" in output_low else []
-    else:
-        k_starts, o_starts = starts
-        xid_lines = _xid_lines_at(kernel, k_starts, join=not strict)
-        sig_hits = [scan_lines(kernel, k_starts, policy.index.get("kernel", {})),
-                    scan_lines(output, o_starts, policy.index.get("output", {}), out_base)]
-        output_xid_lines = _xid_lines_at(output, o_starts, join=True)
+        return Lines(kernel_xids=_xid_lines(kernel, kernel_low, join=not strict) if kernel else [],
+                     kernel_hits=scan(kernel, kernel_low, policy.index.get("kernel", {})),
+                     output_hits=scan(output, output_low, policy.index.get("output", {}), out_base),
+                     output_xids=_xid_lines(output, output_low, join=True) if b"xid" in output_low else [],
+                     out_base=out_base)
+    k_starts, o_starts = starts
+    return Lines(kernel_xids=_xid_lines_at(kernel, k_starts, join=not strict),
+                 kernel_hits=scan_lines(kernel, k_starts, policy.index.get("kernel", {})),
+                 output_hits=scan_lines(output, o_starts, policy.index.get("output", {}), out_base),
+                 output_xids=_xid_lines_at(output, o_starts, join=True),
+                 out_base=out_base)
 
-    job_ids = evidence.job_bus_ids
-    node_ids = evidence.node_bus_ids
 
-    def placed(bus: str | None) -> str:
-        """Where a kernel record's bus id puts it: ``job`` (one of the job's GPUs; any bus id when
-        neither map is known: an offline ``slurm-ft classify``), ``other`` (another job's GPU) or
-        ``unplaced`` (no bus id, or one the node's GPU map does not hold): attributed to no job."""
-        if bus is None or (node_ids is not None and bus not in node_ids):
-            return "unplaced"
-        if job_ids is not None and bus not in job_ids:
-            return "other"
-        return "job"
+def place(bus: str | None, job_bus_ids: frozenset[str] | None, node_bus_ids: dict[str, int] | None) -> str:
+    """Where a kernel record's bus id (normalised, ``0000:07:00.0``) puts it: ``"job"`` (one of the
+    job's GPUs ``job_bus_ids``; any bus id when neither map is known: an offline ``slurm-ft
+    classify``), ``"other"`` (another job's GPU) or ``"unplaced"`` (no bus id, or one the node's
+    GPU map ``node_bus_ids``, bus id -> GPU index, does not hold): attributed to no job."""
+    if bus is None or (node_bus_ids is not None and bus not in node_bus_ids):
+        return "unplaced"
+    if job_bus_ids is not None and bus not in job_bus_ids:
+        return "other"
+    return "job"
 
-    def output_attributed(bus: str | None) -> bool:
-        """A bus id in the job's own output (untrusted, it can only ask for the trusted checks):
-        another job's GPU is not this job's; a line naming none may be."""
-        return bus is None or placed(bus) != "other"
 
-    # -- Xids ----------------------------------------------------------------------------------
-    xid_quals = policy.qualifiers("xid")
-    sxid_quals = policy.qualifiers("sxid")
-    events: list[XidEvent] = []
-    judged: list[tuple[XidEvent, int, bytes, object]] = []  # (event, pos, line, hit)
+def output_names_job(bus: str | None, job_bus_ids: frozenset[str] | None,
+                     node_bus_ids: dict[str, int] | None) -> bool:
+    """Whether a bus id in the job's own output (untrusted: it can only ask for the trusted checks)
+    may be this job's: another job's GPU is not; a line naming none (``bus`` None) may be."""
+    return bus is None or place(bus, job_bus_ids, node_bus_ids) != "other"
+
+
+class JudgedXid(NamedTuple):
+    """One kernel Xid/SXid attributed to this job (:func:`attribute_xids`)."""
+
+    event: XidEvent
+    pos: int  #: line start in the kernel text (bytes)
+    line: bytes  #: the line (a wrapped header re-joined)
+    hit: XidHit  #: the parsed header
+
+
+def _deciding_xid(hit: XidHit) -> int:
+    """The Xid a hit is judged as: Xid 45 that names its cause ("caused by previous Xid 149") is
+    judged as that Xid."""
+    return hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
+
+
+def attribute_xids(xid_lines: list[tuple[int, bytes]], policy: Policy, *, strict: bool,
+                   job_bus_ids: frozenset[str] | None,
+                   node_bus_ids: dict[str, int] | None) -> tuple[list[JudgedXid], list[tuple[int, bytes]]]:
+    """Step 2: the Xids/SXids of ``xid_lines`` (``Lines.kernel_xids``) whose record begins with the
+    driver's header, attributed to this node's GPUs by bus id (:func:`place`): ``(judged,
+    unplaced)``.  ``judged``: the job's Xids and every SXid, in log order, each with its
+    :class:`XidEvent` (``gpu_index`` from ``node_bus_ids``, the line cut to :data:`MAX_XID_LINE`
+    characters).  Another job's Xid is skipped; an unplaced one decides nothing, but one whose
+    catalog row is hardware goes to ``unplaced`` (``[(position, line)]``: the trusted checks)."""
+    judged: list[JudgedXid] = []
+    unplaced: list[tuple[int, bytes]] = []
     for pos, line in xid_lines:
         hit = parse_xid(record_body(line, strict))  # the driver's header at the record's start only
         if hit is None:
             continue
         if hit.kind == "xid":
-            where = placed(hit.bus_id)
+            where = place(hit.bus_id, job_bus_ids, node_bus_ids)
             if where == "other":
                 continue
             if where == "unplaced":  # decides nothing; a hardware one asks for the trusted checks
-                row = policy.xid_row(hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid)
-                if _acts_on_node(row):
+                if _acts_on_node(policy.xid_row(_deciding_xid(hit))):
                     unplaced.append((pos, line))
                 continue
-        gpu_index = node_ids.get(hit.bus_id) if (node_ids and hit.bus_id and hit.kind == "xid") else None
+        gpu_index = node_bus_ids.get(hit.bus_id) if (node_bus_ids and hit.bus_id and hit.kind == "xid") else None
         ev = XidEvent(xid=hit.xid, bus_id=hit.bus_id, gpu_index=gpu_index,
                       line=line.decode("utf-8", "replace").strip()[:MAX_XID_LINE], kind=hit.kind)
-        events.append(ev)
-        judged.append((ev, pos, line, hit))
+        judged.append(JudgedXid(ev, pos, line, hit))
+    return judged, unplaced
 
-    fired: dict[int, object] = {}  # index in judged -> count rule
-    prior = _prior_by_bus(evidence.prior_xids) if (evidence.prior_xids and policy.counts) else {}
-    now = evidence.now if evidence.now is not None else (time.time() if prior else 0.0)
+
+def fired_count_rules(judged: list[JudgedXid], policy: Policy, prior_xids: object = (),
+                      now: float | None = None) -> dict[int, CountRule]:
+    """Step 3: the count/window rules that fire, ``{index in judged: rule}`` (the first rule of
+    ``policy.counts`` that fires for an event wins).  A rule fires for the Xids it counts on one
+    GPU when at least ``count`` distinct occurrences (one per ``pid=``, else per timestamp, else
+    per line) fall within ``window_s`` seconds, counting also ``prior_xids``
+    (``Evidence.prior_xids``: this node's earlier Xids on the same GPU, epoch seconds, within
+    ``window_s`` before ``now``; ``now`` None: the clock, when any are given)."""
+    fired: dict[int, CountRule] = {}
+    prior = _prior_by_bus(prior_xids) if (prior_xids and policy.counts) else {}
+    now = now if now is not None else (time.time() if prior else 0.0)
     for rule in policy.counts:
         groups: dict[str | None, list[int]] = {}
-        for i, (ev, _pos, _line, _hit) in enumerate(judged):
-            if ev.kind == "xid" and ev.xid in rule.xids:
-                groups.setdefault(ev.bus_id, []).append(i)
+        for i, j in enumerate(judged):
+            if j.event.kind == "xid" and j.event.xid in rule.xids:
+                groups.setdefault(j.event.bus_id, []).append(i)
         for bus, members in groups.items():
             occ = []
             for i in members:
-                ev, pos, line, hit = judged[i]
+                _ev, pos, line, hit = judged[i]
                 stamp = parse_time(line)
                 key = b"pid=%d" % hit.pid if hit.pid is not None else (
                     b"t=%r" % (stamp,) if stamp is not None else b"pos=%d" % pos)
@@ -423,51 +465,81 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
             if _cluster(occ, rule.window_s) + len(earlier) >= rule.count:
                 for i in members:
                     fired.setdefault(i, rule)
+    return fired
 
-    as_cause = judged_as([(ev.kind, ev.xid, ev.bus_id) for ev, _p, _l, _h in judged], policy.consequences)
+
+def xid_candidates(judged: list[JudgedXid], fired: dict[int, CountRule], policy: Policy) -> list[Candidate]:
+    """Step 4: one trusted :class:`Candidate` per judged Xid/SXid, in log order (an SXid without a
+    matching ``sxid`` qualifier row gives none).  An Xid takes, in this order: its fired count
+    rule (:func:`fired_count_rules`); the first ``xid`` qualifier row matching its line (the
+    process name masked); its catalog row; judged as its cause when a consequence rule says so
+    (:func:`.consequence.judged_as`) or as the Xid a 45 names."""
+    cands: list[Candidate] = []
+    xid_quals = policy.qualifiers("xid")
+    sxid_quals = policy.qualifiers("sxid")
+    as_cause = judged_as([(j.event.kind, j.event.xid, j.event.bus_id) for j in judged], policy.consequences)
     for i, (ev, pos, line, hit) in enumerate(judged):
         line = mask_user_fields(line)  # qualifiers read the driver's words, never a process name
         if ev.kind == "sxid":
             for q in sxid_quals:
                 if q.regex.search(line):
-                    cands.append(_Cand(q.priority, pos, q.cls, q.action, q.id, line))
+                    cands.append(Candidate(q.priority, pos, q.cls, q.action, q.id, line))
                     break
             continue
         rule = fired.get(i)
         if rule is not None:
-            cands.append(_Cand(rule.priority, pos, rule.cls, rule.action, rule.id, line))
+            cands.append(Candidate(rule.priority, pos, rule.cls, rule.action, rule.id, line))
             continue
-        xid = hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
-        xid = as_cause[i][0] if i in as_cause else xid  # a consequence is judged as its cause
+        xid = as_cause[i][0] if i in as_cause else _deciding_xid(hit)  # a consequence is judged as its cause
         for q in xid_quals:
             if (q.xids is None or xid in q.xids) and q.regex.search(line):
-                cands.append(_Cand(q.priority, pos, q.cls, q.action, q.id, line))
+                cands.append(Candidate(q.priority, pos, q.cls, q.action, q.id, line))
                 break
         else:
             row = policy.xid_row(xid)
-            cands.append(_Cand(row.rank, pos, row.cls, row.action, row.id, line))
+            cands.append(Candidate(row.rank, pos, row.cls, row.action, row.id, line))
+    return cands
 
-    # -- Xids the job's output names (a health agent's log it tails, a pasted dmesg) ----------------
-    # Untrusted text: a hardware Xid there can only ask for the trusted checks (action "verify").
-    for pos, line in output_xid_lines:
+
+def output_xid_candidates(output_xids: list[tuple[int, bytes]], policy: Policy, out_base: int, *,
+                          job_bus_ids: frozenset[str] | None,
+                          node_bus_ids: dict[str, int] | None) -> list[Candidate]:
+    """Step 5: untrusted candidates for the hardware Xids the job's output names (a health agent's
+    log it tails, a pasted dmesg): ``output_xids`` is ``Lines.output_xids``, positions become
+    ``out_base + line start``.  Only the first Xid header of a line that names a bus id possibly
+    the job's (:func:`output_names_job`) counts, and only when its qualifier or catalog row is
+    class ``hardware``: alone it can only ask for the trusted checks."""
+    cands: list[Candidate] = []
+    xid_quals = policy.qualifiers("xid")
+    for pos, line in output_xids:
         for at in _header_starts(line):
             hit = parse_xid(line[at:])
-            if hit is None or hit.kind != "xid" or hit.bus_id is None or not output_attributed(hit.bus_id):
+            if (hit is None or hit.kind != "xid" or hit.bus_id is None
+                    or not output_names_job(hit.bus_id, job_bus_ids, node_bus_ids)):
                 continue
-            xid = hit.caused_by if (hit.xid == 45 and hit.caused_by) else hit.xid
+            xid = _deciding_xid(hit)
             text = mask_user_fields(line)
             q = next((q for q in xid_quals if (q.xids is None or xid in q.xids) and q.regex.search(text)), None)
             cls, action, rank, rid = ((q.cls, q.action, q.priority, q.id) if q is not None else
                                       (lambda r: (r.cls, r.action, r.rank, r.id))(policy.xid_row(xid)))
             if cls == "hardware":
-                cands.append(_Cand(rank, out_base + pos, cls, action, rid, line, False))
+                cands.append(Candidate(rank, out_base + pos, cls, action, rid, line, False))
             break
+    return cands
 
-    # -- signature rows over kernel text and job output -----------------------------------------
-    # A kernel row that acts on the node counts only when its record BEGINS with a kernel-owned
-    # header (parse.kernel_header); a GPU row is placed by that header's bus id, never by text
-    # elsewhere in the record.  Everything else in a record is text (a process or file name).
-    for trusted, hits in zip((True, False), sig_hits):  # kernel records, then the job's output
+
+def signature_candidates(lines: Lines, kernel: bytes, *, strict: bool, job_bus_ids: frozenset[str] | None,
+                         node_bus_ids: dict[str, int] | None) -> tuple[list[Candidate], list[tuple[int, bytes]]]:
+    """Step 6: candidates for the signature rows the kernel text (trusted) and the job's output
+    (untrusted) matched (``lines.kernel_hits`` then ``lines.output_hits``): ``(candidates,
+    unplaced)``.  A kernel row that acts on the node counts only when its record BEGINS with a
+    kernel-owned header (:func:`.parse.kernel_header`, read from ``kernel`` at the hit); a GPU
+    row is placed by that header's bus id, never by text elsewhere in the record (a process or
+    file name).  A hardware row whose record names no GPU of the node goes to ``unplaced``
+    (``[(position, line)]``).  An output GPU row naming another job's GPU is skipped."""
+    cands: list[Candidate] = []
+    unplaced: list[tuple[int, bytes]] = []
+    for trusted, hits in ((True, lines.kernel_hits), (False, lines.output_hits)):
         for row, pos, line in hits:
             if trusted and _acts_on_node(row):
                 if row.regex.search(mask_user_fields(line)) is None:
@@ -479,67 +551,92 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
                         unplaced.append((pos, line))  # the driver's words, but no GPU named
                     continue
                 if row.scope == "gpu":
-                    where = placed(hdr.bus_id if hdr.kind in ("xid", "gpu") else None)
+                    where = place(hdr.bus_id if hdr.kind in ("xid", "gpu") else None, job_bus_ids, node_bus_ids)
                     if where == "other":
                         continue
                     if where == "unplaced":
                         if row.cls == "hardware":
                             unplaced.append((pos, line))
                         continue
-            elif row.scope == "gpu" and not output_attributed(find_bus_id(line)):
+            elif row.scope == "gpu" and not output_names_job(find_bus_id(line), job_bus_ids, node_bus_ids):
                 continue
-            cands.append(_Cand(row.priority, pos, row.cls, row.action, row.id, line, trusted))
+            cands.append(Candidate(row.priority, pos, row.cls, row.action, row.id, line, trusted))
+    return cands, unplaced
 
-    # -- Slurm state and exit status --------------------------------------------------------------
-    tail = out_base + len(output) + 1
+
+def exit_status(exit_code: int | None, signal: int | None) -> tuple[int | None, int | None]:
+    """``(exit code, signal)`` as the job ended: a shell's exit status 128+N (129..159) also means
+    signal N; a negative code -N (Python, torchrun) means signal N and no exit code."""
+    if signal is None and exit_code is not None and 128 < exit_code < 160:
+        return exit_code, exit_code - 128
+    if signal is None and exit_code is not None and exit_code < 0:
+        return None, -exit_code
+    return exit_code, signal
+
+
+def status_candidates(evidence: Evidence, policy: Policy, at: int) -> list[Candidate]:
+    """Step 7: candidates for Slurm's job state (trusted: every ``slurm_state`` row matching it,
+    at position ``at``) and the exit status (untrusted: the first ``exit`` row matching the
+    pseudo line ``exit=<code|none> signal=<N|none>``, at ``at + 1``).  ``at`` is a byte position
+    after all the text, so at equal priority any line of text wins over these."""
+    cands: list[Candidate] = []
     if evidence.slurm_state:
         state = _text(str(evidence.slurm_state).strip().upper())
         for row in policy.signatures:
             if row.source == "slurm_state" and row.regex.search(state):
-                cands.append(_Cand(row.priority, tail, row.cls, row.action, row.id, b"slurm state: " + state))
-    sig = evidence.signal
-    code = evidence.exit_code
-    if sig is None and code is not None and 128 < code < 160:
-        sig = code - 128  # shells report death by signal N as exit status 128+N
-    elif sig is None and code is not None and code < 0:
-        sig, code = -code, None  # Python/torchrun style: -N means killed by signal N
+                cands.append(Candidate(row.priority, at, row.cls, row.action, row.id, b"slurm state: " + state))
+    code, sig = exit_status(evidence.exit_code, evidence.signal)
     if code is not None or sig:
         pseudo = b"exit=%s signal=%s" % (b"%d" % code if code is not None else b"none",
                                           b"%d" % sig if sig else b"none")
         for row in policy.signatures:
             if row.source == "exit" and row.regex.search(pseudo):
-                cands.append(_Cand(row.priority, tail + 1, row.cls, row.action, row.id, pseudo, False))
+                cands.append(Candidate(row.priority, at + 1, row.cls, row.action, row.id, pseudo, False))
                 break
+    return cands
 
-    # -- decide ------------------------------------------------------------------------------------
-    # Highest priority wins, ties to the earliest line; but trusted hardware evidence beats
-    # untrusted (job output) hardware evidence whatever their priorities.  Untrusted hardware
-    # evidence alone never drains or resets: its action becomes "verify" (the epilog then runs
-    # the trusted GPU checks, see slurm_ft/node/epilog.py and docs/security.md).  Likewise trusted
-    # evidence that proves the fault (a node action) beats trusted evidence that is no proof by
-    # itself (an Xid the catalog says "depends": action "verify").
+
+def clean_exit(evidence: Evidence) -> bool:
+    """Whether the job ended cleanly: exit code 0, no signal, Slurm state unknown or COMPLETED."""
+    code, sig = exit_status(evidence.exit_code, evidence.signal)
+    return code == 0 and not sig and str(evidence.slurm_state or "").strip().upper() in _OK_STATES
+
+
+def rank(cands: list[Candidate]) -> Candidate | None:
+    """Step 8: the deciding candidate, or None when there is none.  Highest priority wins, ties
+    to the earliest position (the first listed when equal); but trusted hardware evidence beats
+    untrusted (job output) hardware evidence whatever their priorities, and among trusted
+    hardware evidence, proof of the fault (a node action) beats evidence that is no proof by
+    itself (an Xid the catalog says "depends": action ``verify``)."""
     win = max(cands, key=lambda c: (c.priority, -c.pos)) if cands else None
     if win is not None and win.cls == "hardware" and not (win.trusted and win.action in NODE_ACTIONS):
         trusted_hw = [c for c in cands if c.cls == "hardware" and c.trusted]
         trusted_hw = [c for c in trusted_hw if c.action in NODE_ACTIONS] or trusted_hw
         if trusted_hw:
             win = max(trusted_hw, key=lambda c: (c.priority, -c.pos))
-    clean = code == 0 and not sig and str(evidence.slurm_state or "").strip().upper() in _OK_STATES
+    return win
+
+
+def decide(win: Candidate | None, clean: bool) -> tuple[str, str, str]:
+    """Step 9: ``(verdict, rule, action)`` from the deciding candidate.  A clean exit is ``ok``
+    (rule ``clean-exit``) whatever was seen, but trusted hardware evidence with a node action
+    still sets the action (the node is drained though the job lived).  Untrusted hardware
+    evidence alone never drains or resets: its action becomes ``verify`` (the epilog then runs
+    the trusted GPU checks, see slurm_ft/node/epilog.py and docs/security.md).  No candidate:
+    ``unknown``/``no-evidence``."""
     if clean:
         action = win.action if (win is not None and win.cls == "hardware" and win.trusted
                                 and win.action in NODE_ACTIONS) else "none"  # "verify": no proof, the job lived
-        verdict, rule = "ok", "clean-exit"
-    elif win is not None:
-        verdict, rule = win.cls, win.rule
-        action = win.action if (win.trusted or win.action not in NODE_ACTIONS) else "verify"
-    else:
-        verdict, rule, action = "unknown", "no-evidence", "none"
-    if not clean and win is not None:
-        verdict, rule, action, note = _across_jobs(policy, evidence, verdict, rule, action)
-        if note:
-            cands.append(_Cand(win.priority, tail + 2, verdict, action, rule, note, False))
-            win = cands[-1]
+        return "ok", "clean-exit", action
+    if win is not None:
+        return win.cls, win.rule, (win.action if (win.trusted or win.action not in NODE_ACTIONS) else "verify")
+    return "unknown", "no-evidence", "none"
 
+
+def evidence_lines(cands: list[Candidate], win: Candidate | None) -> tuple[str, ...]:
+    """Step 10: the verdict's evidence, at most :data:`MAX_EVIDENCE_LINES` distinct lines (each at
+    most :data:`MAX_EVIDENCE_CHARS` characters): the winner and the candidates of its rule first,
+    then by priority (highest first) and position."""
     lines: list[str] = []
     seen: set[str] = set()
     ordered = sorted(cands, key=lambda c: (c is not win and c.rule != (win.rule if win else None), -c.priority, c.pos))
@@ -550,6 +647,12 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
             lines.append(s)
             if len(lines) >= MAX_EVIDENCE_LINES:
                 break
+    return tuple(lines)
+
+
+def unplaced_lines(unplaced: list[tuple[int, bytes]]) -> tuple[str, ...]:
+    """The verdict's ``unplaced`` lines: at most :data:`MAX_EVIDENCE_LINES` distinct lines in log
+    order, from ``[(position, line)]``."""
     shown: list[str] = []
     for _pos, line in sorted(unplaced):
         s = _decode(line)
@@ -557,6 +660,44 @@ def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str
             shown.append(s)
             if len(shown) >= MAX_EVIDENCE_LINES:
                 break
-    return Verdict(verdict=verdict, rule=rule, xids=_bounded_xids(events), evidence=tuple(lines), action=action,
-                   unplaced=tuple(shown),
+    return tuple(shown)
+
+
+def classify(evidence: Evidence, policy: Policy | None = None, *, prefilter: str = "auto") -> Verdict:
+    """Classify one job's end on one node.  Never raises on odd text: any bytes give a verdict.
+
+    ``prefilter``: ``"auto"`` lets ``grep -F`` select the candidate lines of inputs of at least
+    :data:`~slurm_ft.classify.prefilter.GREP_MIN_BYTES` (:mod:`.prefilter`), ``"grep"`` tries it
+    whatever the size, ``"python"`` never does.  The verdict is the same either way; grep
+    failing or missing silently means the pure-Python path.  Raises ValueError for any other
+    ``prefilter``."""
+    if prefilter not in ("auto", "grep", "python"):
+        raise ValueError(f"prefilter: 'auto', 'grep' or 'python', not {prefilter!r}")
+    policy = policy or default_policy()
+    kernel = _to_bytes(evidence.kernel_lines or ())
+    output = _text(evidence.stderr_tail or "")
+    strict = bool(evidence.kernel_records)  # /dev/kmsg record bodies: never stripped of "wrappers"
+    gpus = {"job_bus_ids": evidence.job_bus_ids, "node_bus_ids": evidence.node_bus_ids}
+
+    lines = candidate_lines(kernel, output, policy, strict=strict, prefilter=prefilter)
+    judged, unplaced = attribute_xids(lines.kernel_xids, policy, strict=strict, **gpus)
+    fired = fired_count_rules(judged, policy, evidence.prior_xids, evidence.now)
+    cands = xid_candidates(judged, fired, policy)
+    cands += output_xid_candidates(lines.output_xids, policy, lines.out_base, **gpus)
+    sig_cands, sig_unplaced = signature_candidates(lines, kernel, strict=strict, **gpus)
+    cands += sig_cands
+    tail = lines.out_base + len(output) + 1  # a position after all the text
+    cands += status_candidates(evidence, policy, tail)
+
+    clean = clean_exit(evidence)
+    win = rank(cands)
+    verdict, rule, action = decide(win, clean)
+    if not clean and win is not None:
+        verdict, rule, action, note = _across_jobs(policy, evidence, verdict, rule, action)
+        if note:
+            win = Candidate(win.priority, tail + 2, verdict, action, rule, note, False)
+            cands.append(win)
+    return Verdict(verdict=verdict, rule=rule, xids=_bounded_xids([j.event for j in judged]),
+                   evidence=evidence_lines(cands, win), action=action,
+                   unplaced=unplaced_lines(unplaced + sig_unplaced),
                    cause=win.rule if clean and action != "none" else "")

@@ -229,23 +229,6 @@ def mask_user_fields(line: bytes) -> bytes:
     return fmt("name_field").sub(b"name=?, ", line)
 
 
-def join_wrapped(lines: list[bytes]) -> list[bytes]:
-    """Re-join an Xid header that a log wrapper cut after ``Xid (PCI:...):`` with its next line."""
-    out: list[bytes] = []
-    cut = fmt("xid_cut")
-    i = 0
-    n = len(lines)
-    while i < n:
-        line = lines[i]
-        if i + 1 < n and b"id" in line and cut.search(line):
-            out.append(line.rstrip() + b" " + lines[i + 1].lstrip())
-            i += 2
-            continue
-        out.append(line)
-        i += 1
-    return out
-
-
 def _civil_seconds(year: int, month: int, day: int, hh: int, mm: int, ss: int) -> float:
     """Seconds since 0001-01-01 for a proleptic Gregorian date (no time zone; only differences matter)."""
     y = year - 1

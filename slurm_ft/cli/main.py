@@ -431,11 +431,11 @@ def lab_demo(lab_dir: str) -> None:
 
 
 from slurm_ft.cli.admin import doctor_command, install_command, metrics_command  # noqa: E402
-from slurm_ft.bisect.cli import bisect_command  # noqa: E402
+from slurm_ft.cli.bisect import bisect_command  # noqa: E402
 from slurm_ft.cli.breaker import breaker_command  # noqa: E402
-from slurm_ft.classify.cli import classify_command  # noqa: E402  (sub-packages own their commands)
-from slurm_ft.health.cli import health_command  # noqa: E402
-from slurm_ft.job.wait import wait_command  # noqa: E402
+from slurm_ft.cli.classify import classify_command  # noqa: E402
+from slurm_ft.cli.health import health_command  # noqa: E402
+from slurm_ft.cli.wait import wait_command  # noqa: E402
 
 main.add_command(bisect_command)
 main.add_command(breaker_command)

@@ -1,7 +1,11 @@
 """The drain reasons slurm-ft writes and reads: its leader (``slurm-ft:``), the reasons Slurm sets by
-itself, and the reason of a verdict's drain. No imports: every room reads these."""
+itself, and the reason of a verdict's drain, and the health check a health drain's reason names. No slurm_ft
+imports: every room reads these."""
 
 from __future__ import annotations
+
+import re
+from typing import Collection, NamedTuple
 
 LEADER = "slurm-ft:"
 #: What :func:`drain_node` returns in observe mode (the drain held back by the client's gate).
@@ -44,17 +48,47 @@ def drain_reason(job_id: int, verdict: dict) -> str:
     return f"{LEADER} {rule} (job {job_id})"
 
 
+class FailedCheck(NamedTuple):
+    """The failing health check a health drain's reason names: ``check`` (a check name,
+    ``slurm_ft.health.config.CHECK_NAMES``) and ``gpu`` (its NVML GPU index, None for a node-level
+    result)."""
+    check: str
+    gpu: int | None
+
+
+#: The GPU a health reason's measurement names: the first ``GPU<n>`` word.
+_GPU = re.compile(r"\bGPU(\d+)\b")
+
+
 def health_reason(results) -> str | None:
     """The drain reason of a node's health results (``slurm_ft.health`` results: ``status``,
     ``check``, ``gpu``, ``measurement``): ``slurm-ft: <check>: [GPU<n> ]<measurement>`` for the
-    first failing result (cut to Slurm's 200 characters), or None if none fails. The daemon reads
-    the check and GPU back (slurm_ft.failover.machine.health_drain)."""
+    first failing result (cut to Slurm's 200 characters), or None if none fails. ``GPU<n> `` is
+    written unless the measurement already names that GPU first, as :func:`read_health_reason`
+    reads it back (the daemon, from the node's record: slurm_ft.slurm.records.Node): one naming
+    another GPU first, or ``GPU51`` for GPU 5, gets it."""
     failing = [r for r in results if r.status == "fail"]
     if not failing:
         return None
     first = failing[0]
-    where = f"GPU{first.gpu} " if first.gpu is not None and f"GPU{first.gpu}" not in first.measurement else ""
+    named = _GPU.search(first.measurement)
+    named_first = named is not None and first.gpu is not None and int(named.group(1)) == first.gpu
+    where = f"GPU{first.gpu} " if first.gpu is not None and not named_first else ""
     return f"{LEADER} {first.check}: {where}{first.measurement}"[:200]
+
+
+def read_health_reason(reason: str, checks: Collection[str]) -> FailedCheck | None:
+    """The :class:`FailedCheck` a reason :func:`health_reason` wrote names (``slurm-ft: <check>:
+    [GPU<n> ]<measurement>``: the check, and the first ``GPU<n>`` word after it, else None), or
+    None when ``reason`` is no such reason: not slurm-ft's, or its first ``<word>:`` is not one of
+    ``checks`` (the check names: a verdict's, a bisect's or an admin's reason names none)."""
+    if not reason.startswith(LEADER):
+        return None
+    check, sep, rest = reason[len(LEADER):].strip().partition(":")
+    if not sep or check not in checks:
+        return None
+    m = _GPU.search(rest)
+    return FailedCheck(check, int(m.group(1)) if m else None)
 
 
 def bisect_reason(test: str, culprit: str, last_round: int, rounds: int) -> str:

@@ -113,8 +113,8 @@ class Daemon:
         self._priority: dict[int, int] = {}                    # job -> last priority > 0 seen
         self._gpus: dict[tuple[int, int], dict] = {}           # (job, attempt) -> node -> GPUs
         self._light: dict[int, tuple] = {}                     # job -> (state, reason, nodes) last seen
-        self._backlog: dict[int, None] = {}
-        self.bisect_proc = None                                # the bisect [bisect] auto started (Popen)                    # full-scan reads not done yet, in order
+        self._backlog: dict[int, None] = {}                    # routine reads not done yet, in order
+        self.bisect_proc = None                                # the bisect [bisect] auto started (Popen)
         self._ft: set[int] = self.journal.active_ft_jobs()     # ft jobs on record, not yet final
         self._seen_keys: set[tuple] = set()                    # mailbox records journaled (node, key, time)
         self._renewed_ids: set[int] = set()                    # (identity, reset each cycle)
@@ -214,24 +214,63 @@ class Daemon:
         return active
 
     def cycle(self) -> None:
-        """One pass (see the module doc)."""
+        """One pass (see the module doc): the journal, which jobs, the jobs read (those due, then
+        the routine ones), the nodes, the journal against Slurm, unfinished actions resumed, every
+        job read planned and acted on. Slurm trouble is logged and kept in :attr:`cycle_errors`
+        (``daemon --once`` exits 1 on it); a failing job is logged and retried later
+        (:meth:`_failed`). What else raises (a journal write outside a job's handling, such as a
+        mailbox verdict, SlurmFTError; a bug) ends the cycle, and :meth:`run` logs it."""
         now = self.clock()
-        fcfg = self.cfg.failover
+        had_errors = self._begin_cycle()
+        intents = self._read_journal()
+        full = self._scan_due(now, had_errors)
+        targets = self._targets(now, intents)
+        if full:
+            full = self._full_scan(now, targets)
+        jobs = self._read_targets(targets, full)
+        self._read_routine(now, jobs)
+        fresh = self._read_nodes(now, jobs, full)
+        self.reconciler.after_reads(self._rows if full else None)   # journal vs Slurm (.reconcile)
+        resumed = self._resume(now, intents, jobs)
+        self._plan_jobs(now, jobs, fresh, resumed)
+
+    def _begin_cycle(self) -> bool:
+        """Forget the last cycle's scan rows, renewed ids, identity checks and errors; returns
+        whether the last cycle had errors (then a controller restart is looked for)."""
         self._rows = None
-        self._renewed_ids: set[int] = set()                    # ids a new job took this cycle (identity)
-        self._identity_checked: set[int] = set()               # ids checked against Slurm this cycle
+        self._renewed_ids = set()                    # ids a new job took this cycle (identity)
+        self._identity_checked = set()               # ids checked against Slurm this cycle
         had_errors, self.cycle_errors = bool(self.cycle_errors), []
+        return had_errors
+
+    def _read_journal(self) -> list[dict]:
+        """Flush the journal's spool, read the breaker's latch into :attr:`breaker_latched` and
+        return the unfinished actions (``pending_intents`` rows: dicts with ``job_id``,
+        ``action``, ...). A journal that fails (SlurmFTError) is logged, kept in
+        :attr:`cycle_errors` and read as no intents; never raises."""
         try:
             self.journal.flush()
             self.breaker_latched = self.journal.breaker_latched()  # `slurm-ft breaker reset` closes it
-            intents = self.journal.pending_intents()
+            return self.journal.pending_intents()
         except SlurmFTError as exc:
             log.error("journal: %s", exc)
             self.cycle_errors.append(f"journal: {exc}")
-            intents = []
-        full = fcfg.scan_interval_s == 0 or now >= self._next_scan
+            return []
+
+    def _scan_due(self, now: float, had_errors: bool) -> bool:
+        """Whether this cycle reads every job: ``scan_interval_s`` is 0, the next scan's time
+        (``now``, epoch seconds) came, or slurmctld restarted (asked of the reconciler only when
+        a scan is due or the last cycle had errors; slurm_ft.failover.reconcile)."""
+        full = self.cfg.failover.scan_interval_s == 0 or now >= self._next_scan
         if self.reconciler.ctld_restarted(full or had_errors):
             full = True                # slurmctld restarted: reconcile now (slurm_ft.failover.reconcile)
+        return full
+
+    def _targets(self, now: float, intents: list[dict]) -> set[int]:
+        """The job ids read first this cycle: failure end events (each followed closely,
+        FOLLOW_*), jobs whose wake-up time (``now`` or earlier, epoch seconds) came and jobs with
+        an unfinished action, less those backing off. Routine events (a start, a clean end) go to
+        the backlog instead (:meth:`_read_routine`). Reads the event spool."""
         targets: set[int] = set()
         if self.events is not None:
             for ev in self.events.read():
@@ -242,47 +281,74 @@ class Daemon:
                     self._follow_failure(ev.job_id, now)
         targets |= {j for j, at in self._watch.items() if at <= now}
         targets |= {i["job_id"] for i in intents}
-        targets = {j for j in targets if self._backoff.get(j, 0.0) <= now}
-        # 1. jobs first ...
-        if full:
-            t_scan = time.monotonic()
-            try:
-                self._rows = list_jobs(self.slurm, timeout_s=max(FULL_SCAN_TIMEOUT_S, self.cfg.slurm.command_timeout_s))
-            except SlurmFTError as exc:     # the full scan waits; this cycle's own jobs do not
-                log.error("full scan: %s (retried in %g s)", exc, FULL_SCAN_RETRY_S)
-                self.cycle_errors.append(f"full scan: {exc}")
-                self._next_scan = now + FULL_SCAN_RETRY_S
-                full = False
+        return {j for j in targets if self._backoff.get(j, 0.0) <= now}
+
+    def _full_scan(self, now: float, targets: set[int]) -> bool:
+        """List every job (one ``squeue``, at most FULL_SCAN_TIMEOUT_S or the Slurm command
+        timeout) into :attr:`_rows`, queue the changed ones that may concern slurm-ft and are not
+        in ``targets`` in the backlog (:meth:`_reconcile`) and set the next scan's time: at least
+        ``scan_interval_s`` and SCAN_SHARE times this scan's duration after ``now`` (epoch
+        seconds). Returns False when the listing failed (SlurmFTError: logged, kept in
+        :attr:`cycle_errors`, retried FULL_SCAN_RETRY_S later); never raises it."""
+        fcfg = self.cfg.failover
+        t_scan = time.monotonic()
+        try:
+            self._rows = list_jobs(self.slurm, timeout_s=max(FULL_SCAN_TIMEOUT_S, self.cfg.slurm.command_timeout_s))
+        except SlurmFTError as exc:     # the full scan waits; this cycle's own jobs do not
+            log.error("full scan: %s (retried in %g s)", exc, FULL_SCAN_RETRY_S)
+            self.cycle_errors.append(f"full scan: {exc}")
+            self._next_scan = now + FULL_SCAN_RETRY_S
+            return False
+        self._backlog.update(dict.fromkeys(sorted(self._reconcile(self._rows) - targets)))
+        # at most 1/SCAN_SHARE of the time in full scans, however long the queue
+        self._next_scan = now + max(fcfg.scan_interval_s, SCAN_SHARE * (time.monotonic() - t_scan)) \
+            if fcfg.scan_interval_s else now
+        return True
+
+    def _read_targets(self, targets: set[int], full: bool) -> dict[int, Job | None]:
+        """Read each of ``targets`` (one ``scontrol show job`` each, in id order; a job a full
+        scan this cycle did not list is None without a read); returns job id -> Job, or None for
+        a job Slurm no longer has. A failed read is logged and backs that job off (absent from
+        the result). The jobs read leave the backlog."""
         jobs: dict[int, Job | None] = {}
         if full:
-            self._backlog.update(dict.fromkeys(sorted(self._reconcile(self._rows) - targets)))
-            # at most 1/SCAN_SHARE of the time in full scans, however long the queue
-            self._next_scan = now + max(fcfg.scan_interval_s, SCAN_SHARE * (time.monotonic() - t_scan)) \
-                if fcfg.scan_interval_s else now
             listed = {r.job_id for r in self._rows}
             jobs.update({j: None for j in targets if j not in listed})
         for jid in sorted(targets - set(jobs)):
             self._read(jid, jobs)
         for jid in jobs:
             self._backlog.pop(jid, None)
-        # routine reads (a full scan's changes, starts, clean ends) come after those and are spread
-        # over cycles: at most MAX_SCAN_READS and about one poll interval of reading per cycle, so
-        # a fault never waits behind hundreds of them, however slow Slurm answers
+        return jobs
+
+    def _read_routine(self, now: float, jobs: dict[int, Job | None]) -> None:
+        """Read backlog jobs (a full scan's changes, starts, clean ends) into ``jobs``, oldest
+        first: at most MAX_SCAN_READS (none in an early cycle) and for about ``poll_interval_s``
+        seconds, so a fault never waits behind hundreds of them, however slow Slurm answers. A
+        job already in ``jobs`` or backing off at ``now`` (epoch seconds) leaves the backlog
+        unread."""
         t_routine = time.monotonic()
         for jid in list(self._backlog)[:0 if self._early else MAX_SCAN_READS]:   # early: faults only
-            if time.monotonic() - t_routine > fcfg.poll_interval_s:
+            if time.monotonic() - t_routine > self.cfg.failover.poll_interval_s:
                 break
             del self._backlog[jid]
             if jid not in jobs and self._backoff.get(jid, 0.0) <= now:
                 self._read(jid, jobs)
-        # 2. ... then the nodes: an epilog posts before its job leaves COMPLETING
+
+    def _read_nodes(self, now: float, jobs: dict[int, Job | None], full: bool) -> set[int]:
+        """Read the node list when due (a full scan, ``node_poll_s`` passed, or a job read this
+        cycle not RUNNING: an epilog posts before its job leaves COMPLETING; an early cycle skips
+        it while its jobs are COMPLETING), journal the new mailbox verdicts, let the remediator
+        scan the nodes, and read into ``jobs`` the jobs those verdicts name and the running ft
+        jobs on a health-drained node. Returns the ids of the jobs with new verdicts. A failed
+        node read (SlurmCommandError) is logged and kept in :attr:`cycle_errors`; a journal
+        error (SlurmFTError) raises."""
         fresh: set[int] = set()
         # (an early cycle, for a followed fault, skips the node list while its jobs are COMPLETING)
         if full or now >= self._next_nodes or any(j is not None and j.state != "RUNNING"
                                                   and not (self._early and j.completing) for j in jobs.values()):
             try:
                 self.refresh_nodes()
-                self._next_nodes = now + fcfg.node_poll_s
+                self._next_nodes = now + self.cfg.failover.node_poll_s
                 fresh = self.ingest_mailboxes(self.nodes)
                 if self.remediator is not None:    # before reconcile: a repaired node's resume is ours
                     self.remediator.scan(self.nodes)
@@ -292,8 +358,13 @@ class Daemon:
             for jid in sorted((fresh | self._health_candidates()) - set(jobs)):
                 if self._backoff.get(jid, 0.0) <= now:
                     self._read(jid, jobs)
-        self.reconciler.after_reads(self._rows if full else None)   # journal vs Slurm (.reconcile)
-        # 3. unfinished actions
+        return fresh
+
+    def _resume(self, now: float, intents: list[dict], jobs: dict[int, Job | None]) -> set[int]:
+        """Resume each unfinished action (``intents``) whose job was read this cycle, is not
+        backing off at ``now`` (epoch seconds) and whose id no new job took (:meth:`Effects.resume`,
+        crash safety; an error is logged and backs the job off). Returns the ids of the jobs a
+        resumed action changed (RESUMED_ACTS): planned next cycle, from a fresh read."""
         resumed: set[int] = set()
         for intent in intents:
             jid = intent["job_id"]
@@ -302,7 +373,14 @@ class Daemon:
             self._guarded(jid, lambda: self.effects.resume(intent, jobs[jid]))
             if intent["action"] in RESUMED_ACTS:     # it changed the job: planned next cycle, fresh
                 resumed.add(jid)
-        # 4. every job in this cycle, faults first: a burst of ordinary ends never delays a failover
+        return resumed
+
+    def _plan_jobs(self, now: float, jobs: dict[int, Job | None], fresh: set[int], resumed: set[int]) -> None:
+        """Plan and act on every job of ``jobs`` (:meth:`handle`), faults first (new verdicts in
+        ``fresh``, a failed state), then in id order: a burst of ordinary ends never delays a
+        failover. A job Slurm no longer has (None) is forgotten; one backing off is skipped; one
+        in ``resumed`` is woken for the next cycle instead. An error with one job is logged and
+        backs it off (never raises)."""
         urgent = {jid for jid, job in jobs.items()
                   if jid in fresh or (job is not None and job.state in policy.FAILED_STATES)}
         for jid, job in sorted(jobs.items(), key=lambda kv: (kv[0] not in urgent, kv[0])):

@@ -160,7 +160,8 @@ class Effects:
         self._node_fail_verdicts(job, a.attempt, a.node_fail, a.slurm_state)
         avoid = tuple(n for n in policy.avoided_by(a.verdicts) if n not in a.blamed)
         detail = json.dumps({"reason": a.reason, "blamed": list(a.blamed), **({"avoid": list(avoid)} if avoid else {})})
-        aid = self.journal.intend(job.job_id, a.attempt, "failover", m.hostlist(a.blamed), detail)
+        aid = self.journal.intend(job.job_id, a.attempt, "failover", m.hostlist(a.blamed), detail,
+                                  kind="blamed" if a.blamed else "unblamed")
         self.journal.set_ft_state(job.job_id, policy.FAILOVER)
         log.info("job %s attempt %s: failover (%s), blaming %s%s", job.job_id, a.attempt, a.reason,
                  m.hostlist(a.blamed) or "no node", f", avoiding {m.hostlist(avoid)}" if avoid else "")

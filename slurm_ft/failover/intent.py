@@ -68,7 +68,8 @@ def recover(journal, job) -> bool:
         return False
     if any(a["action"] == "failover" and a["attempt"] == rec.attempt for a in journal.actions(job.job_id)):
         return False
-    journal.record(job.job_id, rec.attempt, "failover", "", json.dumps({"reason": RECOVERED, "blamed": []}))
+    journal.record(job.job_id, rec.attempt, "failover", "", json.dumps({"reason": RECOVERED, "blamed": []}),
+                   kind="unblamed")
     row = journal.job(job.job_id) or {}
     if job.state == "PENDING" and job.restart_count == rec.attempt + 1 and \
             (row.get("ft_state") or policy.RUNNING) == policy.RUNNING:

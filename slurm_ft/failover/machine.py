@@ -30,7 +30,6 @@ States (the ft state users see, docs/architecture.md) and what moves a job on:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -112,19 +111,11 @@ class Facts:
         return sum(1 for a in self.actions if a["action"] == action and a["status"] == "done")
 
     def failover_kinds(self) -> list[str]:
-        """``blamed`` / ``unblamed`` (the daemon's own failovers: JSON detail with ``blamed``) or
-        ``evacuation`` (plain-text detail), oldest first."""
-        kinds = []
-        for a in self.actions:
-            if a["action"] != "failover":
-                continue
-            try:
-                detail = json.loads(a["detail"] or "{}")
-            except ValueError:
-                kinds.append("evacuation")
-                continue
-            kinds.append("unblamed" if isinstance(detail, dict) and not detail.get("blamed") else "blamed")
-        return kinds
+        """The kinds of the job's ``failover`` rows, oldest first: their typed ``kind`` column
+        (``blamed``, ``unblamed`` or, on a row from before that column whose text was no JSON,
+        ``evacuation``; slurm_ft.journal.migrations ``FAILOVER_KINDS``), as the journal's
+        ``actions`` gives it."""
+        return [a["kind"] for a in self.actions if a["action"] == "failover"]
 
     def runtime_s(self) -> float:
         return sum(max(0.0, a["end"] - a["start"]) for a in self.attempts if a.get("start") and a.get("end"))
@@ -483,20 +474,12 @@ def _running(job: Job, f: Facts, v: View, ack: RecordAck | None) -> list[Action]
 
 
 def health_drain(node) -> tuple[str, int | None] | None:
-    """(check, GPU index or None) if slurm-ft drained ``node`` for a failing health check
-    (reason ``slurm-ft: <check>: [GPU<n> ]<measurement>``), else None."""
-    import re
-
-    from slurm_ft.drain.reason import LEADER
-    from slurm_ft.health.config import CHECK_NAMES
-
-    if node is None or not node.drained or not node.reason.startswith(LEADER):
+    """(check, GPU index or None) if slurm-ft drained ``node`` (a :class:`slurm_ft.slurm.Node`, or
+    None) for a failing health check, else None: the node's typed ``failed_check``, read once from
+    its reason (``slurm-ft: <check>: [GPU<n> ]<measurement>``) when Slurm's record was read."""
+    if node is None or not node.drained or node.failed_check is None:
         return None
-    check, sep, rest = node.reason[len(LEADER):].strip().partition(":")
-    if not sep or check not in CHECK_NAMES:
-        return None
-    m = re.search(r"\bGPU(\d+)\b", rest)
-    return check, int(m.group(1)) if m else None
+    return node.failed_check.check, node.failed_check.gpu
 
 
 def evacuation_target(job: Job, f: Facts, v: View) -> tuple[str, str, int | None] | None:

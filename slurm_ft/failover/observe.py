@@ -79,9 +79,9 @@ class ObservedJournal:
         self._journal.finish(action_id, OBSERVED if status == "done" else status, detail)
 
     def record(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "",
-               status: str = "done") -> int:
+               status: str = "done", **typed) -> int:
         return self._journal.record(job_id, attempt, action, target, detail,
-                                    OBSERVED if status == "done" else status)
+                                    OBSERVED if status == "done" else status, **typed)
 
     def actions(self, job_id: int, attempt: int | None = None) -> list[dict]:
         return [dict(r, status="done") if r["status"] == OBSERVED else r

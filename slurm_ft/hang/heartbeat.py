@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from slurm_ft.data.client.slurm_ft_job import FORMAT as _FMT, INPLACE_MARK, MAGIC, RUNNING, SAVING, SIZE
 from slurm_ft.data.client.slurm_ft_job import (  # noqa: F401
-    RETRY_S, Writer, heartbeat, heartbeat_dir, mark_inplace)
+    Writer, heartbeat, heartbeat_dir, mark_inplace)
 
 MAX_SIZE = 4096
 #: Files the watcher reads per look (a job making thousands of files only hides its own hang).

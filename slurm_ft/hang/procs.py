@@ -1,10 +1,19 @@
 """A job's processes on this node, found the way root can trust: through slurmstepd.
 
-Every process of a job step descends from that step's ``slurmstepd`` (a root process whose
-command line slurmstepd itself sets to ``slurmstepd: [JOB.STEP]``); the kernel's parent links
-(``/proc/PID/stat``) cannot be forged by the job. So the job's processes are the descendants of
-its stepds, owned by the job's user. A process that double-forks away from its stepd is not
-found (nothing of another job or user ever is).
+The one process scanner: the hang watcher (root: which pids to dump and end), the lab's fault
+injection, and the checkpoint delivery step (the job's owner: which processes get the checkpoint
+signal, ``slurm_ft.checkpoint.deliver``) all call :func:`scan`, with their filters as arguments.
+
+Every process of a job step descends from that step's ``slurmstepd``, a process the kernel says is
+root's (its real uid in ``/proc/PID/status`` and the owner of ``/proc/PID`` are 0) and named
+``slurmstepd`` whose command line slurmstepd itself sets to ``slurmstepd: [JOB.STEP]``; the
+kernel's parent links (``/proc/PID/stat``) cannot be forged by the job. So the job's processes are
+those whose nearest stepd ancestor is one of its stepds (a process below another job's stepd, or
+below a stepd filtered out, is not this job's). With ``cgroups``, a process in a step cgroup
+(``/job_J/step_S`` in ``/proc/PID/cgroup``, proctrack/cgroup) counts as that step's as well, and so
+do its descendants: a process that double-forked away from its stepd is found that way only.
+A process of user U is one whose real uid is U **and** whose ``/proc/PID`` the kernel gives to U
+(a process that changed its ids or made itself non-dumpable shows as root's: it is nobody's job).
 
 In the lab several slurmd share one host (and job ids repeat across labs): a stepd belongs to
 this cluster when its ``SLURM_CONF`` is ours (``conf``), and a task to this node when its
@@ -13,7 +22,8 @@ job's own processes). On a real node both filters are moot (one slurmd per host;
 started by systemd's slurmd has no ``SLURM_CONF`` and is always taken as ours).
 
 Reads only ``/proc``; costs one pass over it (a few ms on a busy node): used when acting, not at
-every look of a watcher.
+every look of a watcher. Standard library only: the checkpoint delivery step runs this file with
+the nodes' system Python.
 
 **Pinning.** A pid is only a number the kernel hands out again once its process is gone. Before
 root signals a scanned process, :func:`pin` opens a pidfd on it (``pidfd_open(2)``, Linux >= 5.3)
@@ -34,7 +44,8 @@ import signal as signal_mod
 import time
 from dataclasses import dataclass
 
-_STEPD = re.compile(rb"^slurmstepd: \[(\d+)\.([A-Za-z0-9_]+)\]")
+_STEPD = re.compile(rb"^slurmstepd: \[(\d+)\.([A-Za-z0-9_-]+)\]")
+_CGROUP = re.compile(r"/job_(\d+)/step_([A-Za-z0-9_-]+)")
 #: Bytes of a process's environment read (a job's environment is its own: bounded).
 ENV_LIMIT = 1 << 20
 
@@ -43,11 +54,13 @@ ENV_LIMIT = 1 << 20
 class Proc:
     pid: int
     ppid: int
-    uid: int
+    uid: int             # owner of /proc/PID (what :func:`identity` and :func:`pin` compare)
     comm: str
     job: int
-    step: str            # "batch", "0", "1", ... (never "extern": its sleeper is not the job's work)
+    step: str            # "batch", "0", "1", ...; "extern" only when the scan asked for it
     start_time: int | None = None   # /proc/PID/stat field 22: clock ticks after boot (None: unknown)
+    caught: int = 0      # SigCgt of /proc/PID/status: bit n-1 set = a handler for signal n (proc(5))
+    ignored: int = 0     # SigIgn, the same way
 
 
 def _stat(pid: str, proc_root: str = "/proc") -> tuple[int, str, int | None] | None:
@@ -68,6 +81,32 @@ def _stat(pid: str, proc_root: str = "/proc") -> tuple[int, str, int | None] | N
         return int(fields[1]), comm, start
     except ValueError:
         return None
+
+
+def _status(pid: int, proc_root: str = "/proc") -> tuple[int, int, int] | None:
+    """(real uid, SigCgt mask, SigIgn mask) from ``/proc/PID/status``; None when it is unreadable
+    or has no valid ``Uid:`` line (masks missing or malformed read as 0)."""
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as fh:
+            data = fh.read(16384)
+    except OSError:
+        return None
+    fields = {}
+    for line in data.split(b"\n"):
+        k, sep, v = line.partition(b":")
+        if sep:
+            fields[k] = v.strip()
+    try:
+        ruid = int(fields[b"Uid"].split()[0])
+    except (KeyError, IndexError, ValueError):
+        return None
+    masks = []
+    for k in (b"SigCgt", b"SigIgn"):
+        try:
+            masks.append(int(fields.get(k, b"0"), 16))
+        except ValueError:
+            masks.append(0)
+    return ruid, masks[0], masks[1]
 
 
 def identity(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
@@ -96,15 +135,54 @@ def environ(pid: int, proc_root: str = "/proc") -> dict[str, str]:
     return out
 
 
+def _stepd_title(pid: int, proc_root: str) -> tuple[int, str] | None:
+    """(job, step) of a stepd's ``slurmstepd: [JOB.STEP]`` title, when the process's real uid is
+    root's (the caller has checked its name and the owner of ``/proc/PID``); else None."""
+    st = _status(pid, proc_root)
+    if st is None or st[0] != 0:
+        return None           # a user's process renamed and made non-dumpable shows root's /proc/PID
+    try:
+        with open(f"{proc_root}/{pid}/cmdline", "rb") as fh:
+            m = _STEPD.match(fh.read(256))
+    except OSError:
+        return None
+    return (int(m.group(1)), m.group(2).decode()) if m else None
+
+
+def _cgroup_step(pid: int, proc_root: str) -> tuple[int, str] | None:
+    """(job, step) of the Slurm step cgroup ``pid`` is in (``/job_J/step_S``); None otherwise."""
+    try:
+        with open(f"{proc_root}/{pid}/cgroup", "rb") as fh:
+            m = _CGROUP.search(fh.read(4096).decode(errors="replace"))
+    except OSError:
+        return None
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 def scan(job_id: int | None = None, *, conf: str | None = None, node: str | None = None,
-         uid: int | None = None, proc_root: str = "/proc") -> list[Proc]:
-    """The processes of job ``job_id`` (every job when None) on this node, stepds excluded.
-    ``conf``: keep stepds whose ``SLURM_CONF`` is this (None: any); ``node``: keep processes whose
-    ``SLURMD_NODENAME`` is this (None: any); ``uid``: keep processes of this user (None: any)."""
+         uid: int | None = None, extern: bool = False, cgroups: bool = False,
+         proc_root: str = "/proc") -> list[Proc]:
+    """The processes of job ``job_id`` (every job when None) on this node, sorted by pid; stepds
+    themselves are never returned.
+
+    ``conf``: keep stepds whose ``SLURM_CONF`` is this (None: any; a stepd without one is kept);
+    ``node``: keep processes whose ``SLURMD_NODENAME`` is this (None: any; one without it, or
+    whose environment is unreadable, is kept); ``uid``: keep processes of this user (real uid and
+    ``/proc/PID`` owner; None: any); ``extern``: the ``extern`` step's processes too (its sleeper,
+    and processes ``pam_slurm_adopt`` put in it); ``cgroups``: step cgroups count as well as stepd
+    ancestry (see the module text). Raises OSError when ``proc_root`` cannot be listed."""
     parent: dict[int, int] = {}
     comm: dict[int, str] = {}
     start: dict[int, int | None] = {}
-    steps: dict[int, tuple[int, str]] = {}
+    owner: dict[int, int] = {}
+    stepds: set[int] = set()
+    #: pid -> (job, step) of a stepd or step cgroup member this scan wants; None: one it does not
+    #: want (a process below it is not the job's, whatever is further up)
+    anchor: dict[int, tuple[int, str] | None] = {}
+
+    def wanted(js: tuple[int, str]) -> bool:
+        return (job_id is None or js[0] == job_id) and (extern or js[1] != "extern")
+
     for entry in os.listdir(proc_root):
         if not entry.isdigit():
             continue
@@ -112,42 +190,43 @@ def scan(job_id: int | None = None, *, conf: str | None = None, node: str | None
         if st is None:
             continue
         pid = int(entry)
-        parent[pid], comm[pid], start[pid] = st
-        if st[1] != "slurmstepd":
-            continue
         try:
-            if os.stat(f"{proc_root}/{entry}").st_uid != 0:
-                continue          # slurmstepd runs as root; anything else named so is not one
-            with open(f"{proc_root}/{entry}/cmdline", "rb") as fh:
-                m = _STEPD.match(fh.read(256))
+            owner[pid] = os.stat(f"{proc_root}/{entry}").st_uid
         except OSError:
             continue
-        if not m or m.group(2) == b"extern" or (job_id is not None and int(m.group(1)) != job_id):
-            continue
-        theirs = environ(pid, proc_root).get("SLURM_CONF") if conf is not None else None
-        if theirs is not None and theirs != conf:
-            continue          # another cluster's stepd on this host (the lab); a stepd without it is ours
-        steps[pid] = (int(m.group(1)), m.group(2).decode())
-    children: dict[int, list[int]] = {}
-    for pid, pp in parent.items():
-        children.setdefault(pp, []).append(pid)
+        parent[pid], comm[pid], start[pid] = st
+        if st[1] == "slurmstepd" and owner[pid] == 0:
+            js = _stepd_title(pid, proc_root)
+            if js is not None:
+                stepds.add(pid)
+                theirs = environ(pid, proc_root).get("SLURM_CONF") if conf is not None else None
+                ours = theirs is None or theirs == conf   # another cluster's stepd on this host (the lab)
+                anchor[pid] = js if ours and wanted(js) else None
+                continue
+        if cgroups:
+            js = _cgroup_step(pid, proc_root)
+            if js is not None:
+                anchor[pid] = js if wanted(js) else None
     out: list[Proc] = []
-    for stepd, (job, step) in steps.items():
-        todo = list(children.get(stepd, []))
-        while todo:
-            pid = todo.pop()
-            todo.extend(children.get(pid, []))
-            if pid in steps:
-                continue
-            try:
-                owner = os.stat(f"{proc_root}/{pid}").st_uid
-            except OSError:
-                continue
-            if uid is not None and owner != uid:
-                continue
-            if node is not None and environ(pid, proc_root).get("SLURMD_NODENAME", node) != node:
-                continue
-            out.append(Proc(pid, parent[pid], owner, comm.get(pid, ""), job, step, start.get(pid)))
+    for pid in parent:
+        if pid in stepds or (uid is not None and owner[pid] != uid):
+            continue
+        cur, seen, hit = pid, set(), None
+        while cur in parent and cur not in seen:
+            if cur in anchor:
+                hit = anchor[cur]
+                break
+            seen.add(cur)
+            cur = parent[cur]
+        if hit is None:
+            continue
+        status = _status(pid, proc_root)
+        if status is None or (uid is not None and status[0] != uid):
+            continue
+        if node is not None and environ(pid, proc_root).get("SLURMD_NODENAME", node) != node:
+            continue
+        out.append(Proc(pid, parent[pid], owner[pid], comm[pid], hit[0], hit[1], start[pid],
+                        status[1], status[2]))
     return sorted(out, key=lambda p: p.pid)
 
 

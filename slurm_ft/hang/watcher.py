@@ -53,6 +53,7 @@ import time
 from dataclasses import dataclass, field
 
 from slurm_ft.node.boundary import note, root_entry
+from slurm_ft import pathtrust
 from slurm_ft.errors import ConfigError, SlurmFTError
 from slurm_ft.hang import heartbeat as hb
 
@@ -451,19 +452,18 @@ def end_processes(targets, wait_s: float, sleep=time.sleep) -> None:
 # ------------------------------------------------------------------------------ the prolog's part
 def secure_root(path: str) -> None:
     """Create ``path`` (0755) if missing and check it: a real directory owned by root, not
-    writable by group or others, and so is every directory above it (else a user could swap it).
-    Raises :class:`ConfigError`."""
+    writable by group or others unless sticky, and so is every directory above it (else a user
+    could swap it): :data:`slurm_ft.pathtrust.ROOT_DIR` along the whole chain. Raises
+    :class:`ConfigError`, or the OSError of a name that cannot be looked at."""
     os.makedirs(path, mode=0o755, exist_ok=True)
-    p = os.path.abspath(path)
-    while True:
-        st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"{p}: not a plain directory; refusing to keep heartbeats under it")
-        if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise ConfigError(f"{p}: must be root's and not writable by others ([hang] heartbeat_dir)")
-        if p == "/":
-            return
-        p = os.path.dirname(p)
+    found = pathtrust.check_chain(os.path.abspath(path), pathtrust.ROOT_DIR)
+    if found is None:
+        return
+    if found.exc is not None:
+        raise found.exc
+    if found.why in (pathtrust.SYMLINK, pathtrust.KIND):
+        raise ConfigError(f"{found.path}: not a plain directory; refusing to keep heartbeats under it")
+    raise ConfigError(f"{found.path}: must be root's and not writable by others ([hang] heartbeat_dir)")
 
 
 def make_job_dir(root: str, job_id: int, uid: int, gid: int) -> str:

@@ -1,7 +1,7 @@
 """GPU health checks for the Prolog and Slurm's ``HealthCheckProgram``.
 
 Cheap to import (the prolog imports it): only the result type is loaded here; ``run_checks``
-imports the checks, NVML and the runner when called. No click outside ``health/cli.py``.
+imports the checks, NVML and the runner when called. No click outside ``cli/health.py``.
 
 Layout: ``config`` ([health] table), ``result`` (CheckResult), ``context`` (per-GPU loop and
 error verdicts), one module per check family (``device``, ``memory``, ``thermal``, ``links``,

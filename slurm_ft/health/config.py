@@ -11,21 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_ft.errors import ConfigError, HostlistError
-
-#: Checks in run order (``nvml_responsive`` is not listed: it is always reported).
-CHECK_NAMES: tuple[str, ...] = (
-    "gpu_count",
-    "persistence",
-    "compute_mode",
-    "ecc_volatile_uncorrected",
-    "retired_pages",
-    "row_remap",
-    "temperature",
-    "throttle",
-    "pcie_link",
-    "nvlink",
-    "xid_events",
-)
+from slurm_ft.health.result import CHECK_NAMES  # noqa: F401 - the checks' names live with their result
 
 #: Clock event ("throttle") reason names -> NVML bit (``nvmlClocksEventReason*``, NVML API reference).
 THROTTLE_BITS: dict[str, int] = {

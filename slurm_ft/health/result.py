@@ -5,13 +5,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 STATUSES = ("pass", "warn", "fail")
+#: Checks in run order (``nvml_responsive`` is not listed: it is always reported). Kept here, in a
+#: leaf module, as the node record reads them too (slurm_ft.slurm.records; slurm_ft.health.config
+#: imports the node record).
+CHECK_NAMES: tuple[str, ...] = (
+    "gpu_count",
+    "persistence",
+    "compute_mode",
+    "ecc_volatile_uncorrected",
+    "retired_pages",
+    "row_remap",
+    "temperature",
+    "throttle",
+    "pcie_link",
+    "nvlink",
+    "xid_events",
+)
 
 
 @dataclass(frozen=True)
 class CheckResult:
     """One verdict.
 
-    ``check``: check name (``slurm_ft.health.registry.CHECK_NAMES``, plus ``nvml_responsive``).
+    ``check``: check name (:data:`CHECK_NAMES`, plus ``nvml_responsive``).
     ``status``: ``"pass"`` | ``"warn"`` | ``"fail"``.
     ``gpu``: NVML GPU index, or None for a node-level result.
     ``measurement``: short human text fit for a Slurm drain reason (``"GPU1 row remap pending"``).

@@ -175,17 +175,11 @@ def _decode(raw: bytes, where: str, request: bytes, verify) -> Answer:
     return Answer(jobs, error if isinstance(error, str) else None, warnings, where, nodes)
 
 
-def select(cfg, sel, *, slurm=None) -> tuple[list, SlurmFTError | None, int, dict | None]:
-    """``ft-history``'s hook (slurm_ft.history.query.command): ``(histories, the error for -j ids not
-    found or None, 0, each node's steps for -N or None)`` from the service, as
-    :func:`slurm_ft.history.query.select` and :func:`slurm_ft.history.query.node_steps` give them from the
-    file; the service's warnings (a stuck daemon, journal trouble) are printed on stderr.
-    Raises :class:`ServiceError`."""
-    import click
-
-    from slurm_ft.textsafe import terminal_safe
-
+def select(cfg, sel, *, slurm=None) -> tuple[list, SlurmFTError | None, list[str], dict | None]:
+    """``ft-history``'s hook (slurm_ft.cli.history.command): ``(histories, the error for -j ids not
+    found or None, the service's warnings (a stuck daemon, journal trouble: untrusted text, for the
+    caller to print terminal-safe), each node's steps for -N or None)`` from the service, as
+    :func:`slurm_ft.history.query.select` and :func:`slurm_ft.history.query.node_steps` give them
+    from the file. Raises :class:`ServiceError`."""
     answer = ask(cfg, sel, slurm=slurm)
-    for w in answer.warnings:
-        click.echo(terminal_safe(f"ft-history: warning: {w}"), err=True)
-    return answer.jobs, SlurmFTError(answer.error) if answer.error else None, 0, answer.nodes
+    return answer.jobs, SlurmFTError(answer.error) if answer.error else None, list(answer.warnings), answer.nodes

@@ -413,12 +413,12 @@ class HistoryService:
         return cred
 
     def _answer(self, sel, viewer) -> bytes:
-        from slurm_ft.history.query import _not_in_journal, select
+        from slurm_ft.history.query import not_in_journal, select
 
         now = self.clock()
         journal = self._journal()
         found, missing = select(journal, sel, viewer=viewer, now=now)
-        error = str(_not_in_journal(journal, missing, viewer)) if missing else None
+        error = str(not_in_journal(journal, missing, viewer)) if missing else None
         extra = {}
         if getattr(sel, "nodes", None) is not None:     # -N: each node's drains and repairs, as the viewer may see them
             from slurm_ft.history.query import node_steps

@@ -104,26 +104,26 @@ def find(comment: str) -> Record | None:
 
 
 def merge(comment: str, rec: Record) -> str:
-    words = [w for w in (comment or "").split() if not w.startswith(PREFIX)]
-    return " ".join([*words, rec.encode()])
+    """``comment`` with its in-place record replaced by ``rec`` (slurm_ft.slurm.records.replace_comment_record)."""
+    from slurm_ft.slurm.records import replace_comment_record
+    return replace_comment_record(comment, PREFIX, rec.encode())
 
 
 def record_restarts(journal, job) -> int:
     """Daemon side: journal the in-place restarts the job's wrapper reported in its comment
     (``job``: a :class:`slurm_ft.slurm.Job`), once each, as ``inplace-restart`` actions of the
     attempt they happened in (detail ``restart K/M in place: infra (rule), reported by the
-    job``), and an escalation as one ``inplace-escalate``. Returns how many rows it wrote.
-    Restarts the daemon missed (two within one cycle) are journaled from the count."""
+    job``; typed columns ``restart`` K and ``restart_of`` M, by which a restart already
+    journaled is known), and an escalation as one ``inplace-escalate``. Returns how many rows it
+    wrote. Restarts the daemon missed (two within one cycle) are journaled from the count."""
     rec = find(job.comment)
     if rec is None or rec.attempt > job.restart_count:
         return 0
     done = journal.actions(job.job_id, rec.attempt)
-    have = {a["detail"].split(" ", 2)[1] for a in done if a["action"] == "inplace-restart"
-            and a["detail"].startswith("restart ")}
+    have = {(a["restart"], a["restart_of"]) for a in done if a["action"] == "inplace-restart"}
     wrote = 0
     for k in range(1, rec.restarts + 1):
-        key = f"{k}/{rec.of}"
-        if key in have:
+        if (k, rec.of) in have:
             continue
         known = k - (rec.restarts - len(rec.causes)) - 1     # index of restart k in rec.causes
         if rec.causes:
@@ -131,7 +131,7 @@ def record_restarts(journal, job) -> int:
         else:      # a wrapper that sends no causes: the record's verdict is its last restart's
             why = f"{rec.verdict} ({rec.rule})" if k == rec.restarts else "(reported late: cause not kept)"
         journal.record(job.job_id, rec.attempt, "inplace-restart", job.nodes,
-                       f"restart {key} in place: {why}, reported by the job")
+                       f"restart {k}/{rec.of} in place: {why}, reported by the job", restart=k, restart_of=rec.of)
         wrote += 1
     if rec.state == "escalated" and not any(a["action"] == "inplace-escalate" for a in done):
         journal.record(job.job_id, rec.attempt, "inplace-escalate", job.nodes,
@@ -152,7 +152,8 @@ class CommentReporter:
 
     def report(self, rec: Record) -> None:
         try:
-            self.slurm.update_job(self.job_id, Comment=merge(self.slurm.job_comment(self.job_id), rec))
+            from slurm_ft.slurm import put_comment_record
+            put_comment_record(self.slurm, self.job_id, PREFIX, rec.encode())
         except SlurmFTError as exc:
             print(f"slurm-ft run: could not record the restart in the job's comment: {exc}", file=sys.stderr,
                   flush=True)

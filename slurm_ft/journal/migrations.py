@@ -5,6 +5,7 @@ Never edit a migration that has shipped; add a new one.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import time
@@ -171,12 +172,62 @@ def m010_record_last(db: sqlite_utils.Database) -> None:
                  f"WHERE job_id IS NOT NULL AND t1 IS NOT NULL GROUP BY job_id")
 
 
+#: Typed columns of migration 011, per action whose rows carry them (the rest leave them NULL).
+TYPED_ACTIONS = {"failover": ("kind",), "inplace-restart": ("restart", "restart_of")}
+#: Kinds of a ``failover`` row (``actions.kind``): a node was blamed; a retry that blamed none;
+#: an evacuation (what a plain-text ``failover`` detail was read as before 011).
+FAILOVER_KINDS = ("blamed", "unblamed", "evacuation")
+_RESTART = re.compile(r"restart (\d+)/(\d+)(?: |$)")
+
+
+def typed_from_text(action: str, detail) -> dict:
+    """The typed columns of an ``actions`` row written before 011, read from its ``detail`` as
+    slurm-ft read them until 011 (kept as it was: these are old rows' formats): a ``failover``
+    row's ``kind`` (JSON detail with a non-empty ``blamed``, or JSON that is no object:
+    ``blamed``; a JSON object without: ``unblamed``; no JSON: ``evacuation``); an
+    ``inplace-restart`` row's ``restart``/``restart_of`` (``restart K/M in place: ...``: K, M;
+    None when the text has no such start). ``{}`` for any other action. Never raises."""
+    if action == "failover":
+        try:
+            d = json.loads(detail or "{}")
+        except (ValueError, TypeError, RecursionError):
+            return {"kind": "evacuation"}
+        return {"kind": "unblamed" if isinstance(d, dict) and not d.get("blamed") else "blamed"}
+    if action == "inplace-restart":
+        m = _RESTART.match(detail) if isinstance(detail, str) else None
+        return {"restart": int(m.group(1)), "restart_of": int(m.group(2))} if m else {"restart": None,
+                                                                                      "restart_of": None}
+    return {}
+
+
+def m011_action_typed_columns(db: sqlite_utils.Database) -> None:
+    """Typed ``actions`` columns for what was read back from ``detail`` text (issue 21):
+    ``kind`` of a ``failover`` row (:data:`FAILOVER_KINDS`; slurm_ft.failover.machine
+    ``Facts.failover_kinds``), ``restart`` and ``restart_of`` of an ``inplace-restart`` row (the
+    job's in-place restart K of its budget M, both counts; slurm_ft.job.inplace
+    ``record_restarts``); NULL on other rows. Their writers fill them; the rows already there
+    are filled here, once, from their text (:func:`typed_from_text`; the history memo of their
+    jobs is dropped by its triggers and rendered again when asked)."""
+    db["actions"].add_column("kind", str)
+    db["actions"].add_column("restart", int)
+    db["actions"].add_column("restart_of", int)
+    conn = db.conn
+    names = sorted(TYPED_ACTIONS)
+    rows = conn.execute(f"SELECT id, action, detail FROM actions WHERE action IN ({', '.join('?' * len(names))})",
+                        names).fetchall()
+    filled = []
+    for rowid, action, detail in rows:
+        typed = typed_from_text(action, detail)
+        filled.append((typed.get("kind"), typed.get("restart"), typed.get("restart_of"), rowid))
+    conn.executemany("UPDATE actions SET kind = ?, restart = ?, restart_of = ? WHERE id = ?", filled)
+
+
 MIGRATIONS = [("001_initial", m001_initial), ("002_ft_options", m002_ft_options),
               ("003_action_uid_dead_letters", m003_action_uid_dead_letters),
               ("004_job_identity", m004_job_identity), ("005_time_indexes", m005_time_indexes),
               ("006_job_account", m006_job_account), ("007_covering_time_indexes", m007_covering_time_indexes),
               ("008_verdict_uid", m008_verdict_uid), ("009_history_memo", m009_history_memo),
-              ("010_record_last", m010_record_last)]
+              ("010_record_last", m010_record_last), ("011_action_typed_columns", m011_action_typed_columns)]
 
 
 def apply(db: sqlite_utils.Database | sqlite3.Connection) -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import grp
 import json
 import logging
@@ -37,14 +40,11 @@ def open_journal(path: str | os.PathLike, *, readonly: bool = False, read_group:
     migrations); :class:`ConfigError` if ``read_group`` names no group of this host.
 
     ``spool`` (writers that must never wait on another process's lock: the daemon, the
-    prolog/epilog): a write the database refuses as locked or busy within ``busy_timeout_s`` goes
-    to the **spool** instead, ``<journal>.spool`` (JSON lines, fsync'd, same permissions), and is
-    applied, in order, by the next write, :meth:`Journal.flush` or writer that opens the journal.
-    Until then this connection's reads include its spooled rows. A write the journal's storage
-    refuses (a full disk, a read-only remount, an I/O error: :mod:`.trouble`) is kept the same
-    way, and, when the spool cannot be written either, in this connection's memory
-    (:attr:`Journal.unwritten`, at most :data:`MAX_UNWRITTEN`), logged once per change of state
-    (:attr:`Journal.trouble`), written by :meth:`Journal.flush` once the journal takes writes.
+    prolog/epilog): a write the database refuses as locked within ``busy_timeout_s``, or that its
+    storage refuses (a full disk, a read-only remount, an I/O error: :mod:`.trouble`), waits, read
+    back by this connection, in ``<journal>.spool`` (JSON lines, fsync'd, same permissions) or in
+    memory (at most :data:`MAX_UNWRITTEN`), and is applied in order later: the write rule of
+    :class:`Journal`, whose :attr:`Journal.trouble` says what refused it (logged once per change).
     """
     return Journal(path, readonly=readonly, read_group=read_group, spool=spool, busy_timeout_s=busy_timeout_s)
 
@@ -96,9 +96,12 @@ def _secure_path(path: Path, mode: int, gid: int | None, *, create: bool) -> Non
             return _secure_path(path, mode, gid, create=False)
         os.close(fd)  # a file nobody has open yet: no lock to lose
         st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
+    from slurm_ft import pathtrust   # no symlink, a regular file; owner and mode are repaired below
+
+    why = pathtrust.judge(st, pathtrust.Rule(owners=None, forbid=0, kind=pathtrust.FILE))
+    if why == pathtrust.SYMLINK:
         raise JournalError(f"{path}: is a symlink; refusing to write a journal through it")
-    if not stat.S_ISREG(st.st_mode):
+    if why is not None:
         raise JournalError(f"{path}: not a regular file")
     euid = os.geteuid()
     if euid == 0:
@@ -142,7 +145,8 @@ COLUMNS = {
     "attempts": ("job_id", "attempt", "nodes", "start", "end", "exit_code", "signal", "state", "updated"),
     "verdicts": ("job_id", "attempt", "node", "verdict", "rule", "xids", "evidence", "action", "exit_code", "source",
                  "created", "uid"),
-    "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished", "uid"),
+    "actions": ("job_id", "attempt", "action", "target", "detail", "status", "created", "finished", "uid", "kind",
+                "restart", "restart_of"),
     "health": ("node", "job_id", "check_name", "status", "gpu", "measurement", "value", "detail", "created"),
     "mailbox_seen": ("node", "key", "seen"),
     "job_identity": ("job_id", "array_job_id", "array_task_id", "seen", "first_seen", "updated"),  # identity.py
@@ -160,10 +164,6 @@ REQUIRED = {"jobs": ("job_id",), "attempts": ("job_id", "attempt"), "verdicts": 
 #: Writes one connection keeps in memory while its journal's storage refuses them and its spool
 #: cannot be written either (a full disk): beyond this a write raises :class:`JournalError`.
 MAX_UNWRITTEN = 20000
-
-
-def _locked(exc: BaseException) -> bool:
-    return trouble.is_locked(exc)
 
 
 def _the_journals_fault(exc: BaseException) -> bool:
@@ -219,6 +219,22 @@ def _dict_rows(cur: sqlite3.Cursor) -> list[dict]:
 
 
 class Journal:
+    """One connection to the journal at ``path``: the typed reads and writes below.
+
+    **Writes follow one rule.** Every write is an op (``insert``, ``insert_ignore``, ``upsert``,
+    ``update`` or ``close_before`` of one table of :data:`COLUMNS`), passed through the journal
+    boundary when it is made (:meth:`_clean`: an unstorable value raises :class:`JournalError` at
+    the call). Ops not yet in the database wait in order (:attr:`spooled`) and this connection's
+    reads include them. A write is applied at once when nothing waits; :meth:`flush` (each daemon
+    cycle, and any writer opening the journal) applies all that wait, the spool file's included,
+    in order, in one transaction. On a **database fault** (locked, disk full, read-only, I/O error:
+    :attr:`.trouble.Trouble.transient`) a spooling writer keeps the ops waiting, in the spool file
+    or, when that cannot be written either, in memory (:attr:`unwritten`); the next flush retries
+    them, and later writes wait behind them. A waiting op refused for its **content** is set aside
+    in ``dead_letters`` and the ops behind it go on. Any other fault, and every fault of a writer
+    without a spool, is raised as :class:`JournalError` to the caller of that write, and nothing
+    of it is kept."""
+
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False, read_group: str = "",
                  spool: bool = False, busy_timeout_s: float = 10.0):
         self.path = Path(path)
@@ -230,8 +246,6 @@ class Journal:
         self._unspooled: list[dict] = []   # the tail of _pending that only memory holds (spool unwritable)
         #: what keeps writes out of the journal now (None: it takes them); see slurm_ft.journal.trouble
         self.trouble: Trouble | None = None
-        #: writes refused by the journal's storage, per trouble kind (metrics, tests)
-        self.write_errors: dict[str, int] = {}
         self._uids: dict[int, str] = {}    # temporary action id (negative, still spooled) -> its row uid
         self._next_tmp = -1
         self._mode, self._gid = 0o600, None
@@ -282,27 +296,6 @@ class Journal:
             if t.kind != "other":
                 return JournalError(f"{self.path}: {t}: {t.advice}")
         return JournalError(f"{self.path}: {exc}")
-
-    @property
-    def unwritten(self) -> int:
-        """Writes of this connection that only its memory holds (the journal's storage and its
-        spool refused them: a full disk); :meth:`flush` writes them when it can."""
-        return len(self._unspooled)
-
-    def _note_trouble(self, t: Trouble) -> None:
-        """Count a refused write; log when the journal's state changes (not at every write)."""
-        self.write_errors[t.kind] = self.write_errors.get(t.kind, 0) + 1
-        if t.kind == "busy":
-            return
-        if self.trouble is None or self.trouble.kind != t.kind:
-            log.error("%s (writes are kept, in order, and applied when it takes them again)", t.message())
-        self.trouble = t
-
-    def _writable_again(self, written: int) -> None:
-        if self.trouble is not None:
-            log.warning("journal %s: writable again (was %s): %d waiting row(s) written", self.path,
-                        self.trouble, written)
-            self.trouble = None
 
     def _connect_writer(self, gid: int | None) -> sqlite3.Connection:
         """Create or open the journal for writing with its permissions (see :func:`open_journal`):
@@ -372,18 +365,15 @@ class Journal:
         """Close; rows only memory holds are written first if the journal takes them now, else
         to the spool if it can be written, else reported (logged with their count)."""
         if self._unspooled:
-            try:
+            with contextlib.suppress(JournalError):
                 self.flush()
-            except JournalError:
-                pass
-        if self._unspooled:
-            try:
-                for op in list(self._unspooled):
-                    self._spool_append(op)
-                    self._unspooled.pop(0)
-            except OSError as exc:
-                log.error("journal %s: %d row(s) could not be written (%s) and are lost with this process",
-                          self.path, len(self._unspooled), trouble.diagnose(exc, self.path))
+        try:
+            while self._unspooled:
+                self._spool_append(self._unspooled[0])
+                self._unspooled.pop(0)
+        except OSError as exc:
+            log.error("journal %s: %d row(s) could not be written (%s) and are lost with this process",
+                      self.path, len(self._unspooled), trouble.diagnose(exc, self.path))
         self._conn.close()
 
     def __enter__(self) -> "Journal":
@@ -413,11 +403,17 @@ class Journal:
         bound = boundary.params(args)
         return self._guard(lambda: _dict_rows(self._conn.execute(sql, bound)))
 
-    # -- writes: one path, with the spool ---------------------------------------------------
+    # -- writes: the rule of the class docstring ----------------------------------------------
     @property
     def spooled(self) -> int:
-        """Writes of this connection waiting in the spool (0: everything is in the database)."""
+        """Writes of this connection not in the database yet (0: everything is there)."""
         return len(self._pending)
+
+    @property
+    def unwritten(self) -> int:
+        """The tail of those that only this connection's memory holds (the spool could not be
+        written either: a full disk); :meth:`flush` writes them when it can."""
+        return len(self._unspooled)
 
     @property
     def waiting_rows(self) -> int:
@@ -433,9 +429,12 @@ class Journal:
         """``op`` with every row it carries passed through the journal boundary
         (:func:`boundary.clean_row`) and its shape checked. Raises :class:`JournalError` for a
         malformed op (a torn or foreign spool line) or a value that cannot be stored."""
+        def int_(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
         bad = JournalError(f"{self.path}: malformed journal write")
         if not isinstance(op, dict) or op.get("op") not in OPS or op.get("table") not in COLUMNS \
-                or not isinstance(op.get("uid"), str):
+                or not isinstance(op.get("uid"), str) or ("tmp" in op and not int_(op["tmp"])):
             raise bad
         table, kind = op["table"], op["op"]
         out = {**op, "uid": boundary.text(op["uid"], 64)}
@@ -447,137 +446,119 @@ class Journal:
         if table == "actions" and kind == "insert" and "row" in out:
             out["row"].setdefault("uid", out["uid"])    # updates find the row by it, whoever applied it
         if kind in ("insert", "insert_ignore", "upsert"):
-            if not all(k in out.get("row", {}) for k in REQUIRED[table]):
-                raise bad
-            if kind == "upsert" and table not in PKS:
+            if not all(k in out.get("row", {}) for k in REQUIRED[table]) or (kind == "upsert" and table not in PKS):
                 raise bad
         elif kind == "update":
-            ref, rowid = op.get("ref"), op.get("id")
-            if table != "actions" or not out.get("fields") or not (
-                    isinstance(ref, str) or (isinstance(rowid, int) and not isinstance(rowid, bool))):
+            by_ref = isinstance(op.get("ref"), str)
+            if table != "actions" or not out.get("fields") or not (by_ref or int_(op.get("id"))):
                 raise bad
-            if isinstance(ref, str):
-                out["ref"] = boundary.text(ref, 64)
-            else:
-                out["id"] = boundary.value(rowid)
-        elif kind == "close_before":
-            if table != "attempts" or not all(isinstance(op.get(k), (int, float)) and not isinstance(op.get(k), bool)
-                                              for k in ("job_id", "attempt", "t")):
-                raise bad
+            out.update({"ref": boundary.text(op["ref"], 64)} if by_ref else {"id": boundary.value(op["id"])})
+        elif table != "attempts" or not all(isinstance(op.get(k), (int, float)) and not isinstance(op.get(k), bool)
+                                            for k in ("job_id", "attempt", "t")):
+            raise bad           # close_before
+        else:
             out.update({k: boundary.value(op[k]) for k in ("job_id", "attempt", "t")})
-        if "tmp" in op and not (isinstance(op["tmp"], int) and not isinstance(op["tmp"], bool)):
-            raise bad
         return out
 
     def _write(self, op: dict) -> int | None:
-        """Apply one write (``op``: insert / insert_ignore / upsert / update / close_before), or,
-        with a spool, put it there when the database is locked. Every write passes the journal
-        boundary here first (:meth:`_clean`): what is applied or spooled is always storable.
-        Order is kept: while anything waits in the spool, new writes wait behind it (one lock
-        wait, not one per write), until :meth:`flush` (the daemon calls it each cycle; any writer
-        opening the journal does). Returns the new row's id when an insert was applied now.
-        Raises :class:`JournalError` only."""
+        """Make ``op`` (insert / insert_ignore / upsert / update / close_before, with its ``uid``
+        set here) and apply it by the rule of the class docstring. Returns the new row's id when
+        an insert was applied at once, None when it waits. Raises :class:`JournalError` only."""
         import uuid
 
         op["uid"] = uuid.uuid4().hex
         op = self._clean(op)
-        if not self._spooling or not self._pending:  # else it waits behind them: flush() applies all
+        if not (self._spooling and self._pending):     # else it waits behind them
             try:
-                return self._apply_ops([op]).get(op["uid"])
+                return self._apply([op]).get(op["uid"])
             except Exception as exc:  # noqa: BLE001 - the boundary: JournalError only
-                t = trouble.diagnose(exc, self.path) if isinstance(exc, (sqlite3.Error, OSError)) else None
-                if not (self._spooling and t is not None and t.transient):
+                if not (self._spooling and self._fault(exc)):
                     raise self._error(exc) from None
-                self._note_trouble(t)
-        self._keep(op)
-        return None
-
-    def _keep(self, op: dict) -> None:
-        """Keep a write the database did not take: in the spool file, or, when that cannot be
-        written either (the same full disk), in memory (bounded: :data:`MAX_UNWRITTEN`), in order."""
         if not self._unspooled:
             try:
                 self._spool_append(op)
                 self._pending.append(op)
-                return
+                return None
             except OSError as exc:
-                t = trouble.diagnose(exc, self.path)
-                if not t.transient:
+                if not self._fault(exc):
+                    t = trouble.diagnose(exc, self.path)
                     raise JournalError(f"{self._spool}: cannot spool a write: {t}: {t.advice}") from None
-                self._note_trouble(t)
         if len(self._unspooled) >= MAX_UNWRITTEN:
             raise JournalError(f"{self.path}: {self.trouble or 'not writable'}: {len(self._unspooled)} rows "
                                f"already wait in memory; this one is refused")
         self._pending.append(op)
         self._unspooled.append(op)
+        return None
 
-    def flush(self) -> bool:
-        """Apply what waits in the spool (this connection's and any other process's); True when
-        nothing waits any more. Never blocks longer than the busy timeout.
-
-        A spooled write the database refuses for its own sake (a constraint, a malformed or
-        unstorable op) is **set aside** in the ``dead_letters`` table, logged, and the rest are
-        applied: one bad write never blocks the writes behind it nor makes a flush fail again
-        (``slurm-ft doctor`` reports dead letters). Raises :class:`JournalError` only, when the
-        journal itself cannot take writes (not when it is merely locked: then False)."""
-        if self._spool is None:
-            return True
-        mine = {op["uid"] for op in self._pending}
-        memory = list(self._unspooled)
-        try:
-            if not self._spool.exists():
-                if memory:      # only memory holds them: no other process can be applying them
-                    self._apply_ops(memory, set_aside=True)
-                written = len(memory)
-            else:
-                with self._spool_lock():
-                    spooled = self._read_spool()     # [] when another writer applied it meanwhile
-                    ops = spooled + memory
-                    if ops:
-                        self._apply_ops(ops, set_aside=True)
-                    if spooled:
-                        os.unlink(self._spool)
-                written = len(ops)
-        except OSError as exc:
-            t = trouble.diagnose(exc, self.path)
-            if not t.transient:
-                raise JournalError(f"{self.path}.spool: {t}: {exc.strerror or exc}") from None
-            self._note_trouble(t)
+    def _fault(self, exc: BaseException) -> bool:
+        """True when ``exc`` is a database fault (:attr:`.trouble.Trouble.transient`: locked,
+        full, read-only, I/O error), i.e. the write is kept and retried. Such a fault other than
+        a lock becomes :attr:`trouble`, logged once per change of kind."""
+        t = trouble.diagnose(exc, self.path) if isinstance(exc, (sqlite3.Error, OSError)) else None
+        if t is None or not t.transient:
             return False
-        except Exception as exc:  # noqa: BLE001 - the boundary: JournalError only
-            t = trouble.diagnose(exc, self.path) if isinstance(exc, (sqlite3.Error, OSError)) else None
-            if t is not None and t.transient:
-                self._note_trouble(t)
-                return False
-            raise self._error(exc) from None
-        self._pending = [op for op in self._pending if op["uid"] not in mine]
-        self._unspooled = [op for op in self._unspooled if op["uid"] not in mine]
-        self._writable_again(written)
+        if t.kind != "busy":
+            if self.trouble is None or self.trouble.kind != t.kind:
+                log.error("%s (writes are kept, in order, and applied when it takes them again)", t.message())
+            self.trouble = t
         return True
 
-    def _apply_ops(self, ops: list, *, set_aside: bool = False) -> dict[str, int]:
-        """All ``ops`` in one transaction (BEGIN IMMEDIATE: waits at most the busy timeout);
-        returns {op uid: new row id} of the inserts. With ``set_aside`` (the spool) each op runs
-        in a savepoint and one that fails for its own sake goes to ``dead_letters`` instead."""
-        conn = self._conn
+    def flush(self) -> bool:
+        """Apply every waiting write (this connection's and the spool's, any process's), in
+        order, in one transaction; True when nothing waits any more, False on a database fault
+        (they wait on). Never blocks longer than the busy timeout. A waiting write refused for
+        its content goes to ``dead_letters`` (logged; ``slurm-ft doctor`` reports them). Raises
+        :class:`JournalError` only, for any other fault."""
+        if self._spool is None:
+            return True
+        ops: list = []
+        try:
+            if self._spool.exists():
+                with self._spool_lock():
+                    spooled = self._read_spool()     # [] when another writer applied it meanwhile
+                    ops = spooled + self._unspooled
+                    self._apply(ops, set_aside=True)
+                    if spooled:
+                        os.unlink(self._spool)
+            elif self._unspooled:   # only memory holds them: no other process can be applying them
+                ops = list(self._unspooled)
+                self._apply(ops, set_aside=True)
+        except Exception as exc:  # noqa: BLE001 - the boundary: JournalError only
+            if self._fault(exc):
+                return False
+            if isinstance(exc, OSError):
+                t = trouble.diagnose(exc, self.path)
+                raise JournalError(f"{self._spool}: {t}: {exc.strerror or exc}") from None
+            raise self._error(exc) from None
+        self._pending, self._unspooled = [], []
+        if self.trouble is not None:
+            log.warning("journal %s: writable again (was %s): %d waiting row(s) written", self.path,
+                        self.trouble, len(ops))
+            self.trouble = None
+        return True
+
+    def _apply(self, ops: list, *, set_aside: bool = False) -> dict[str, int]:
+        """All ``ops`` in one transaction (BEGIN IMMEDIATE: waits at most the busy timeout), each
+        in a savepoint; returns {op uid: new row id} of the inserts. With ``set_aside`` an op
+        refused for its content goes to ``dead_letters``; anything else raised ends the
+        transaction (rolled back) and is raised."""
+        conn, ids = self._conn, {}
+        if not ops:
+            return ids
         conn.execute("BEGIN IMMEDIATE")
-        ids: dict[str, int] = {}
         try:
             for op in ops:
-                if not set_aside:
+                conn.execute("SAVEPOINT one_write")
+                try:
+                    op = self._clean(op)
                     rowid = self._apply_op(conn, op)
-                else:
-                    conn.execute("SAVEPOINT one_write")
-                    try:
-                        op = self._clean(op)
-                        rowid = self._apply_op(conn, op)
-                    except Exception as exc:  # noqa: BLE001 - set aside, whatever it is
-                        if _the_journals_fault(exc) or not conn.in_transaction:
-                            raise
-                        conn.execute("ROLLBACK TO one_write")
-                        self._set_aside(conn, op, exc)
-                        rowid = None
-                    conn.execute("RELEASE one_write")
+                except Exception as exc:  # noqa: BLE001 - set aside, whatever it is
+                    if not set_aside or _the_journals_fault(exc) or not conn.in_transaction:
+                        raise
+                    conn.execute("ROLLBACK TO one_write")
+                    self._set_aside(conn, op, exc)
+                    rowid = None
+                conn.execute("RELEASE one_write")
                 if rowid is not None:
                     ids[op["uid"]] = rowid
             conn.execute("COMMIT")
@@ -587,93 +568,75 @@ class Journal:
         return ids
 
     def _rollback(self) -> None:
-        """End a failed transaction, leaving a connection that takes the next write. SQLite may
-        have rolled it back already (a full disk or an I/O error can end it): no second ROLLBACK
-        then (it would fail: "cannot rollback - no transaction is active"); a connection whose
-        rollback fails is replaced."""
-        conn = self._conn
+        """End a failed transaction, leaving a connection that takes the next write: SQLite may
+        have ended it already (a full disk can), and a connection whose ROLLBACK fails is
+        replaced."""
         try:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
-        if not conn.in_transaction:
-            return
-        try:
-            conn.close()
-        except sqlite3.Error:
-            pass
-        fresh = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
-        fresh.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        fresh.text_factory = _decode_text
-        self._conn = fresh
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
+            self._conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            self._conn.text_factory = _decode_text
 
     def _set_aside(self, conn: sqlite3.Connection, op: Any, exc: BaseException) -> None:
-        """Keep a refused spooled write in ``dead_letters`` (bounded, valid text) and log it."""
-        try:
-            text = json.dumps(op, sort_keys=True, default=str)
-        except (TypeError, ValueError):
-            text = repr(op)
+        """Keep a refused waiting write in ``dead_letters`` (bounded, valid text) and log it."""
         error = boundary.text(f"{type(exc).__name__}: {exc}", 1024)
         conn.execute("INSERT INTO dead_letters (created, op, error) VALUES (?, ?, ?)",
-                     [self.clock(), boundary.text(text), error])
+                     [self.clock(), boundary.text(json.dumps(op, sort_keys=True, default=str)), error])
         log.warning("%s: a spooled write was refused and set aside in dead_letters (%s); "
                     "see `slurm-ft doctor`", self.path, error)
 
     def _apply_op(self, conn: sqlite3.Connection, op: dict) -> int | None:
+        """Run one cleaned op on ``conn`` (inside :meth:`_apply`'s transaction); the new row's id
+        for an insert. Raises ``sqlite3.Error``, or LookupError for an update of an action by a
+        ``uid`` that no row has."""
         table, kind = op["table"], op["op"]
-        if kind in ("insert", "insert_ignore"):
-            row = op["row"]
-            names, marks = ", ".join(row), ", ".join("?" * len(row))
-            if table == "actions" and row.get("uid"):
-                # idempotent: a spool applied twice (a crash between commit and unlink) adds nothing
-                cur = conn.execute(f"INSERT INTO actions ({names}) VALUES ({marks}) ON CONFLICT(uid) DO NOTHING",
-                                   list(row.values()))
-                if cur.rowcount == 0:
-                    return conn.execute("SELECT id FROM actions WHERE uid = ?", [row["uid"]]).fetchone()[0]
-                return cur.lastrowid
-            verb = "INSERT OR IGNORE" if kind == "insert_ignore" else "INSERT"
-            cur = conn.execute(f"{verb} INTO {table} ({names}) VALUES ({marks})", list(row.values()))
-            return cur.lastrowid if kind == "insert" else None
-        if kind == "upsert":
-            row, first, pk = op["row"], op.get("first", {}), PKS[table]
-            allcols = {**first, **row}
-            sets = ", ".join(f"{k} = excluded.{k}" for k in row if k not in pk) or f"{pk[0]} = {pk[0]}"
-            conn.execute(f"INSERT INTO {table} ({', '.join(allcols)}) VALUES ({', '.join('?' * len(allcols))}) "
-                         f"ON CONFLICT({', '.join(pk)}) DO UPDATE SET {sets}", list(allcols.values()))
-            return None
-        if kind == "update":
-            fields = op["fields"]
-            key, ref = ("uid", op["ref"]) if op.get("ref") else ("id", op.get("id"))
-            cur = conn.execute(f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in fields)} WHERE {key} = ?",
-                               [*fields.values(), ref])
-            if cur.rowcount == 0 and key == "uid":
-                raise LookupError(f"update of action {ref}, which is not in the journal")
-            return None
         if kind == "close_before":
             conn.execute("UPDATE attempts SET end = ?, state = 'REQUEUED', updated = ? "
                          "WHERE job_id = ? AND attempt < ? AND end IS NULL",
                          [op["t"], op["t"], op["job_id"], op["attempt"]])
             return None
-        raise ValueError(f"unknown journal write {kind!r}")
+        if kind == "update":
+            key, ref = ("uid", op["ref"]) if op.get("ref") else ("id", op.get("id"))
+            cur = conn.execute(f"UPDATE {table} SET {', '.join(f'{k} = ?' for k in op['fields'])} WHERE {key} = ?",
+                               [*op["fields"].values(), ref])
+            if cur.rowcount == 0 and key == "uid":
+                raise LookupError(f"update of action {ref}, which is not in the journal")
+            return None
+        row = {**op.get("first", {}), **op["row"]}
+        sql = f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})"
+        if kind == "upsert":
+            pk = PKS[table]
+            sets = ", ".join(f"{k} = excluded.{k}" for k in op["row"] if k not in pk) or f"{pk[0]} = {pk[0]}"
+            sql += f" ON CONFLICT({', '.join(pk)}) DO UPDATE SET {sets}"
+        elif table == "actions":    # a spool applied twice (a crash between commit and unlink) adds nothing
+            sql += " ON CONFLICT(uid) DO NOTHING"
+        elif kind == "insert_ignore":
+            sql = "INSERT OR IGNORE" + sql[len("INSERT"):]
+        cur = conn.execute(sql, list(row.values()))
+        if kind != "insert" or table != "actions" or cur.rowcount:
+            return cur.lastrowid if kind == "insert" else None
+        return conn.execute("SELECT id FROM actions WHERE uid = ?", [row["uid"]]).fetchone()[0]
 
     # -- the spool file ----------------------------------------------------------------------
+    @contextlib.contextmanager
     def _spool_lock(self):
-        import fcntl
-        from contextlib import contextmanager
-
-        @contextmanager
-        def held():
-            fd = os.open(f"{self._spool}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self._mode)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
-        return held()
+        """Hold ``<journal>.spool.lock`` (flock): one process at a time appends to or applies
+        the spool."""
+        fd = os.open(f"{self._spool}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self._mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _load_spool(self) -> None:
-        """Take what waits in the spool as this connection's own pending writes (their temporary
+        """Take what waits in the spool as this connection's own waiting writes (their temporary
         action ids too), so its reads see them before they reach the database. Lines that do not
         pass the boundary are left for :meth:`flush` to set aside."""
         try:
@@ -684,10 +647,10 @@ class Journal:
         self._pending = []
         for op in ops:
             try:
-                self._pending.append(self._clean(op))
+                op = self._clean(op)
             except JournalError:
                 continue
-        for op in self._pending:
+            self._pending.append(op)
             if "tmp" in op:
                 self._uids[op["tmp"]] = op["uid"]
                 self._next_tmp = min(self._next_tmp, op["tmp"] - 1)
@@ -701,11 +664,9 @@ class Journal:
             fd = os.open(self._spool, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return []
+        ops = []
         with os.fdopen(fd, "rb") as fh:
-            ops = []
-            for raw in fh:
-                if not raw.strip():
-                    continue
+            for raw in filter(bytes.strip, fh):
                 try:
                     op = json.loads(raw)
                 except ValueError:
@@ -716,30 +677,28 @@ class Journal:
         return ops
 
     def _spool_append(self, op: dict) -> None:
-        """Append one write to the spool (fsync'd). Raises OSError (the file is left as it was:
-        a line cut short by a full disk is cut off again)."""
+        """Append one write to the spool (fsync'd). Raises OSError, the file left as it was (a
+        line cut short by a full disk is cut off again)."""
+        data = (json.dumps(op) + "\n").encode()
         with self._spool_lock():
             fd = os.open(self._spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          self._mode)
             try:
                 size = os.fstat(fd).st_size
-                data = (json.dumps(op) + "\n").encode()
                 try:
                     if os.write(fd, data) != len(data):
-                        raise OSError(28, os.strerror(28))
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                     os.fsync(fd)
                 except OSError:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.ftruncate(fd, size)
-                    except OSError:
-                        pass
                     raise
             finally:
                 os.close(fd)
         _secure_path(self._spool, self._mode, self._gid, create=False)
 
     def _overlay(self, table: str, match) -> list[dict]:
-        """This connection's spooled writes to ``table`` whose row satisfies ``match``."""
+        """This connection's waiting writes to ``table`` whose op satisfies ``match``."""
         return [op for op in self._pending if op["table"] == table and match(op)]
 
     # -- dead letters ------------------------------------------------------------------------
@@ -890,9 +849,13 @@ class Journal:
         return self._rows(sql, [int(scan), float(since), json.dumps(sorted(set(rules))), int(limit)])
 
     # -- actions -------------------------------------------------------------------------
-    def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "") -> int:
+    def intend(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "", *,
+               kind: str | None = None, restart: int | None = None, restart_of: int | None = None) -> int:
         """Record an action about to be taken (status 'intent'); returns its id (a negative,
         temporary one while the row waits in the spool; :meth:`finish` takes either).
+        ``kind``, ``restart``, ``restart_of``: the row's typed columns, given by the writers of
+        the actions that have them (:data:`migrations.TYPED_ACTIONS`: a ``failover``'s kind, an
+        ``inplace-restart``'s K of M); a None is not written.
 
         The row carries a unique ``uid`` (a fresh UUID): an update of a row still in the spool
         finds it by that, whichever process applies the insert (by row id it could not: the id
@@ -900,7 +863,8 @@ class Journal:
         Raises :class:`JournalError`."""
         op = {"op": "insert", "table": "actions", "row": {
             "job_id": job_id, "attempt": attempt, "action": action, "target": target, "detail": detail,
-            "status": "intent", "created": self.clock()}}
+            "status": "intent", "created": self.clock(),
+            **{k: v for k, v in (("kind", kind), ("restart", restart), ("restart_of", restart_of)) if v is not None}}}
         op["tmp"] = tmp = self._next_tmp     # its id while it waits in the spool
         rowid = self._write(op)
         if rowid is None:
@@ -924,9 +888,10 @@ class Journal:
         self._write(op)
 
     def record(self, job_id: int, attempt: int, action: str, target: str = "", detail: str = "",
-               status: str = "done") -> int:
-        """Record an action already taken (or decided) in one step."""
-        aid = self.intend(job_id, attempt, action, target, detail)
+               status: str = "done", *, kind: str | None = None, restart: int | None = None,
+               restart_of: int | None = None) -> int:
+        """Record an action already taken (or decided) in one step (typed columns: :meth:`intend`)."""
+        aid = self.intend(job_id, attempt, action, target, detail, kind=kind, restart=restart, restart_of=restart_of)
         self.finish(aid, status)
         return aid
 
@@ -955,6 +920,20 @@ class Journal:
         have = {r.get("uid") for r in rows}
         return rows + [r for r in extra if r["uid"] not in have]
 
+    @staticmethod
+    def _typed(rows: list[dict]) -> list[dict]:
+        """``rows`` (action rows, changed in place) with every typed column present; those of a
+        row written without them (by a writer that gave none: an older version's spool line
+        applied after migration 011) read from its text as the migration filled old rows
+        (:func:`migrations.typed_from_text`)."""
+        for r in rows:
+            cols = migrations.TYPED_ACTIONS.get(r["action"], ())
+            if cols and all(r.get(c) is None for c in cols):
+                r.update(migrations.typed_from_text(r["action"], r.get("detail")))
+            for c in ("kind", "restart", "restart_of"):
+                r.setdefault(c, None)
+        return rows
+
     def actions(self, job_id: int, attempt: int | None = None) -> list[dict]:
         sql = "SELECT * FROM actions WHERE job_id = ?"
         args: list[Any] = [job_id]
@@ -962,8 +941,8 @@ class Journal:
             sql += " AND attempt = ?"
             args.append(attempt)
         rows = self._rows(sql + " ORDER BY id", args)
-        return self._with_pending(rows, lambda r: r["job_id"] == job_id
-                                  and (attempt is None or r["attempt"] == attempt))
+        return self._typed(self._with_pending(rows, lambda r: r["job_id"] == job_id
+                                              and (attempt is None or r["attempt"] == attempt)))
 
     def actions_named(self, names: Iterable[str], since: float = 0.0) -> list[dict]:
         """Every job's actions whose name is in ``names`` created at or after ``since`` (epoch
@@ -971,7 +950,7 @@ class Journal:
         names = sorted(set(names))
         rows = self._rows(f"SELECT * FROM actions WHERE action IN ({', '.join('?' * len(names))}) AND created >= ? "
                           "ORDER BY id", [*names, float(since)])
-        return self._with_pending(rows, lambda r: r["action"] in names and (r["created"] or 0) >= since)
+        return self._typed(self._with_pending(rows, lambda r: r["action"] in names and (r["created"] or 0) >= since))
 
     def active_ft_jobs(self) -> set[int]:
         """ft-enabled jobs on record whose ft state is not final (the daemon watches them)."""

@@ -11,7 +11,7 @@ only as a generic I/O error (``EDQUOT`` and ``EROFS`` on a write are ``SQLITE_IO
 an I/O error is checked against the filesystem itself (``statvfs`` of the journal's directory:
 no free block, or mounted read-only) before it is called one.
 
-Kinds (:data:`KINDS`; the ``kind`` label of ``slurm_ft_journal_write_errors_total``):
+Kinds (:data:`KINDS`; the ``kind`` label of ``slurm_ft_journal_ok``):
 
 =============  ===================================  ======================================
 kind           said as                              what slurm-ft does
@@ -146,11 +146,6 @@ def diagnose(exc: BaseException, path: str | os.PathLike = "") -> Trouble:
         elif kind == "disk_full":
             code = "ENOSPC"     # SQLite's unix VFS says SQLITE_FULL for ENOSPC only
     return Trouble(kind, code, detail, path)
-
-
-def is_locked(exc: BaseException) -> bool:
-    """True when ``exc`` says another process holds the database locked (spool the write)."""
-    return isinstance(exc, sqlite3.OperationalError) and diagnose(exc).kind == "busy"
 
 
 def check_writable(path: str | os.PathLike, *, write_test: bool = False) -> Trouble | None:

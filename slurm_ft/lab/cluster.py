@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_ft import pathtrust
 from slurm_ft.errors import LabError
 from slurm_ft.slurm import SAFE_PATH
 from slurm_ft.lab import accounting as acct
@@ -72,27 +73,31 @@ class Proc:
 # --------------------------------------------------------------------------------- directory safety
 def _ancestors_safe(path: Path) -> None:
     """Every directory above ``path`` must be root's, and not replaceable by others: not writable
-    by group or others unless sticky (``/tmp``, ``/var/tmp``)."""
-    for d in [path.parent, *path.parent.parents]:
-        try:
-            st = os.lstat(d)
-        except FileNotFoundError:
-            raise LabError(f"{d}: does not exist; create the directory above the lab first") from None
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise LabError(f"{d}: not a plain directory; refusing to put the lab under it")
-        if st.st_uid != 0:
-            raise LabError(f"{d}: owned by uid {st.st_uid}, not root; a root-run lab needs a directory "
-                           f"only root can change (use --dir)")
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise LabError(f"{d}: writable by group or others without the sticky bit; refusing to put the "
-                           f"lab under it (use --dir)")
+    by group or others unless sticky (``/tmp``, ``/var/tmp``): :data:`slurm_ft.pathtrust.ROOT_DIR`.
+    Raises :class:`LabError`, or the OSError of a directory that cannot be looked at."""
+    found = pathtrust.check_above(path, pathtrust.ROOT_DIR)
+    if found is None:
+        return
+    d = found.path
+    if found.why == pathtrust.MISSING:
+        raise LabError(f"{d}: does not exist; create the directory above the lab first")
+    if found.exc is not None:
+        raise found.exc
+    if found.why in (pathtrust.SYMLINK, pathtrust.KIND):
+        raise LabError(f"{d}: not a plain directory; refusing to put the lab under it")
+    if found.why == pathtrust.OWNER:
+        raise LabError(f"{d}: owned by uid {found.uid}, not root; a root-run lab needs a directory "
+                       f"only root can change (use --dir)")
+    raise LabError(f"{d}: writable by group or others without the sticky bit; refusing to put the "
+                   f"lab under it (use --dir)")
 
 
 def check_lab_dir(path: Path, *, create: bool = False) -> bool:
     """Verify the lab directory before root acts on it; with ``create`` make it (0755) if missing.
     Returns False if it does not exist (and ``create`` is off). Raises :class:`LabError` for a
-    symlink, a non-directory, a directory not owned by root or writable by group/others, an unsafe
-    parent, or an entry in it that is a symlink or not root's."""
+    symlink, a non-directory, a directory not owned by root or writable by group/others (sticky
+    or not), an unsafe parent (:func:`_ancestors_safe`), or an entry in it that is a symlink or not
+    root's (:data:`slurm_ft.pathtrust.ROOT_ENTRY`)."""
     _ancestors_safe(path)
     if create:
         try:
@@ -105,26 +110,28 @@ def check_lab_dir(path: Path, *, create: bool = False) -> bool:
                 os.fchmod(fd, 0o755)  # mkdir's mode is cut by the umask
             finally:
                 os.close(fd)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
+    found = pathtrust.check(path, pathtrust.Rule(frozenset({0}), 0o022, sticky=False, kind=pathtrust.DIR))
     fix = "remove it (or use --dir DIR) and run `slurm-ft lab up` again"
-    if stat.S_ISLNK(st.st_mode):
-        raise LabError(f"{path}: the lab directory is a symlink; refusing to follow it as root: {fix}")
-    if not stat.S_ISDIR(st.st_mode):
-        raise LabError(f"{path}: the lab directory is not a directory: {fix}")
-    if st.st_uid != 0:
-        raise LabError(f"{path}: the lab directory is owned by uid {st.st_uid}, not root; refusing to run "
-                       f"root daemons from it: {fix}")
-    if st.st_mode & 0o022:
+    if found is not None:
+        if found.why == pathtrust.MISSING:
+            return False
+        if found.exc is not None:
+            raise found.exc
+        if found.why == pathtrust.SYMLINK:
+            raise LabError(f"{path}: the lab directory is a symlink; refusing to follow it as root: {fix}")
+        if found.why == pathtrust.KIND:
+            raise LabError(f"{path}: the lab directory is not a directory: {fix}")
+        if found.why == pathtrust.OWNER:
+            raise LabError(f"{path}: the lab directory is owned by uid {found.uid}, not root; refusing to run "
+                           f"root daemons from it: {fix}")
         raise LabError(f"{path}: the lab directory is writable by group or others (mode "
-                       f"{stat.S_IMODE(st.st_mode):04o}); refusing: {fix}")
+                       f"{found.perms}); refusing: {fix}")
     with os.scandir(path) as entries:
         for e in entries:
             est = e.stat(follow_symlinks=False)
-            if stat.S_ISLNK(est.st_mode) or est.st_uid != 0:
-                what = "a symlink" if stat.S_ISLNK(est.st_mode) else f"owned by uid {est.st_uid}"
+            why = pathtrust.judge(est, pathtrust.ROOT_ENTRY)
+            if why is not None:
+                what = "a symlink" if why == pathtrust.SYMLINK else f"owned by uid {est.st_uid}"
                 raise LabError(f"{path / e.name}: {what} in the lab directory (only root writes there); "
                                f"refusing: {fix}")
     return True

@@ -68,5 +68,5 @@ def tool_env(env: dict[str, str]) -> dict[str, str]:
 def tool_argv(tool: str, *args: str) -> list[str]:
     """argv running this checkout's ``slurm-ft`` (``tool`` "slurm-ft") or ``ft-history`` with
     :data:`SYSTEM_PYTHON` (with :func:`tool_env`)."""
-    module = {"slurm-ft": "slurm_ft.cli.main", "ft-history": "slurm_ft.history.query"}[tool]
+    module = {"slurm-ft": "slurm_ft.cli.main", "ft-history": "slurm_ft.cli.history"}[tool]
     return [SYSTEM_PYTHON, "-m", module, *args]

@@ -158,21 +158,14 @@ def with_prior_xids(cfg, job: NodeJob, evidence, policy, log):
     return dataclasses.replace(evidence, prior_xids=prior, now=now) if prior else evidence
 
 
-#: A window (kernel text plus job output, in characters) at least this large is classified on
-#: the candidate lines ``grep -F`` finds (slurm_ft.classify.prefilter: the same verdict, the
-#: same rows): on 20,000 kernel records (1.4 MB) 12 ms where the pure-Python scan takes 42 ms,
-#: while below ~100 KB starting grep costs more than it saves (benchmarks/epilog_overhead.py).
-GREP_WINDOW_CHARS = 128 << 10
-
-
 def classify_window(evidence, policy):
-    """:func:`slurm_ft.classify.classify` of the epilog's evidence, through grep's candidate lines
-    when the window is large (:data:`GREP_WINDOW_CHARS`; grep missing or failing falls back to
-    the pure-Python scan inside the classifier)."""
+    """:func:`slurm_ft.classify.classify` of the epilog's evidence: through grep's candidate lines
+    when the window is large (``slurm_ft.classify.prefilter.GREP_MIN_BYTES``, the threshold every
+    caller shares; grep missing or failing falls back to the pure-Python scan inside the
+    classifier)."""
     from slurm_ft.classify import classify
 
-    size = sum(map(len, evidence.kernel_lines)) + len(evidence.kernel_lines) + len(evidence.stderr_tail or "")
-    return classify(evidence, policy, prefilter="grep" if size >= GREP_WINDOW_CHARS else "auto")
+    return classify(evidence, policy)
 
 
 def job_uid(job: NodeJob) -> int | None:

@@ -24,7 +24,7 @@ from typing import Callable
 
 from slurm_ft.errors import SlurmCommandError
 from slurm_ft.slurm.indices import split_indices  # noqa: F401 - split_indices is public here too
-from slurm_ft.slurm.records import (ENDED_STATES, Job, Node, compress_nodes, parse_boot_time, parse_config,  # noqa: F401
+from slurm_ft.slurm.records import (Job, Node, compress_nodes, parse_boot_time, parse_config, replace_comment_record,  # noqa: F401,E501
                       parse_gres, parse_kv_line, parse_slurm_conf, private_data, slurmctld_hosts, split_nodes)
 
 #: Fixed PATH for every child: root code never trusts the caller's PATH.
@@ -291,3 +291,12 @@ def plugstack_lines(path: Path, include: Callable[[str], list[Path]] | None = No
             for inc in include(words[1]):
                 out += plugstack_lines(inc, include, depth + 1)
     return out
+
+
+def put_comment_record(slurm: Slurm, job_id: int, prefix: str, record: str) -> None:
+    """The one writer of a job's comment records (the checkpoint ack, the in-place restarts): read
+    the comment (:meth:`Slurm.job_comment`), replace the record that starts with ``prefix`` by
+    ``record`` (:func:`slurm_ft.slurm.records.replace_comment_record`), write it back (``scontrol
+    update JobId=J Comment=...``, as the job's own user may; held back like every write in observe
+    mode). ``slurm``: a client. Raises SlurmCommandError."""
+    slurm.update_job(job_id, Comment=replace_comment_record(slurm.job_comment(job_id), prefix, record))

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
 
+from slurm_ft.drain.reason import FailedCheck, read_health_reason
 from slurm_ft.errors import HostlistError, SlurmCommandError
+from slurm_ft.health.result import CHECK_NAMES
 from slurm_ft.slurm.indices import NOT_HOSTLIST
 
 #: Set operators and separators of ClusterShell's grammar that Slurm's hostlists do not have:
@@ -36,6 +38,15 @@ def _nodeset(exprs) -> NodeSet:
         except NodeSetException as exc:
             raise HostlistError(f"not a Slurm hostlist: {expr!r} ({exc})") from None
     return nodes
+
+
+def replace_comment_record(comment: str | None, prefix: str, record: str) -> str:
+    """A job's ``Comment`` (words separated by blanks) with its words that start with ``prefix``
+    replaced by ``record``, put last; the other words kept, in order. The comment carries one
+    record per writer (the checkpoint ack ``slurm-ft-ckpt:``, the in-place restarts: both through
+    :func:`slurm_ft.slurm.put_comment_record`); the job's stand-alone client module keeps its
+    own copy of this rule (``slurm_ft_job.merge``, which must agree: tests/test_slurm_records.py)."""
+    return " ".join([*(w for w in (comment or "").split() if not w.startswith(prefix)), record])
 
 
 def split_nodes(expr: str | list[str] | None) -> list[str]:
@@ -354,7 +365,15 @@ ENDED_STATES = {
 
 @dataclass
 class Node:
-    """The fields of a ``sinfo --json`` node record that slurm-ft uses."""
+    """The fields of a ``sinfo --json`` node record that slurm-ft uses.
+
+    ``failed_check``: the failing health check (and GPU) ``reason`` names when it is a health
+    drain's reason (``slurm-ft: <check>: [GPU<n> ]<measurement>``), else None; read from the
+    reason once, here, by the module that writes it (:func:`slurm_ft.drain.reason.read_health_reason`):
+    the daemon learns of a node's health drain only from Slurm's node record (the check ran on
+    the node and drained it there; the node's journal is not the daemon's), so the record is
+    where the typed value belongs, and the state machine reads it without parsing text. Set
+    whether or not the node is still drained (:attr:`drained` says that)."""
 
     name: str
     state: str
@@ -364,6 +383,10 @@ class Node:
     comment: str
     extra: str
     raw: dict
+    failed_check: FailedCheck | None = field(default=None, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.failed_check = read_health_reason(self.reason, CHECK_NAMES)
 
     @property
     def drained(self) -> bool:
