@@ -25,9 +25,10 @@ and, on Slurm >= 25.11 when asked for (``--config slurm-ft-expedite``), an exper
 * ``slurm-ft-expedite``: slurm-ft as it is, the job submitted with ``--requeue=expedite``
   (expedited requeue enabled), and a node ``Epilog=`` that runs slurm-ft's epilog, then exits 1
   when it drained the node for this job (its verdict: hardware), so that slurmctld requeues the
-  job at once (benchmarks/expedite/ft-expedite-epilog.sh); slurm-ft's daemon still runs and
-  excludes the faulty node. A row's note gives the faulty node's drain reason then (does Slurm's
-  ``Epilog error`` replace slurm-ft's?) and the job's restart count (a double requeue).
+  job at once (benchmarks/expedite/ft-expedite-epilog.sh); slurm-ft's daemon still runs (its own
+  requeue where Slurm's does not come). A row gives the faulty node's drain reason (does Slurm's
+  ``Epilog error`` replace slurm-ft's?) and the job's restart count (a double requeue). Measured and
+  decided against: docs/architecture.md, "Riding on Slurm's expedited requeue (26.05)".
 
 The lab is switched between the two with ``scontrol reconfigure`` and a probe job that proves which
 epilog slurmd runs (benchmarks/job_overhead.py's ``variant()`` and ``Bench.apply``); its own
@@ -49,8 +50,9 @@ rerun), where the job ran next (the faulty node again?), seconds from the fault 
 GPU-seconds lost (work redone since the last checkpoint + time not running, times the job's GPUs;
 a job lost: the work since its last checkpoint, ``+`` the time until someone resubmits it),
 healthy nodes drained, job lost, the job's restart count at the end and the faulty nodes' drain
-reasons, and the run's wrong actions (a requeue that should not have happened or did not happen, the job put on the
-faulty node again, the faulty node left in service, each healthy node drained). Rows are appended
+reasons, and the run's wrong actions (a requeue that should not have happened or did not happen,
+the job put on the faulty node again, the faulty node left in service, each healthy node drained).
+Rows are appended
 to ``--results`` (JSON lines), so the scenarios can run in pieces (each piece under the lock for
 minutes, not the whole run); the summary table is printed over the latest row of each
 (scenario, configuration) there, then ``scenarios=N``, ``slurm_ft_wrong_actions=N``,
@@ -120,8 +122,8 @@ BLACK_HOLE = "n1"
 #: It matters on Slurm >= 25.11: expedited requeue acts on a non-zero exit code, not on a job
 #: killed by a signal (measured on 26.05.5: ``WTERMSIG 9`` and a failed epilog: no requeue).
 CUDA_JOB = ("exec env -u SLURM_JOB_GPUS -u SLURM_STEP_GPUS sh -c 'SLURM_JOB_GPUS=\"$0\" {train}; rc=$?; "
-            "if [ $rc -gt 128 ]; then echo \"RuntimeError: CUDA error: unspecified launch failure\" >&2; exit 1; fi; "
-            "exit $rc' \"$SLURM_JOB_GPUS\"")
+            "if [ $rc -gt 128 ]; then echo \"RuntimeError: CUDA error: unspecified launch failure\" >&2; "
+            "exit 1; fi; exit $rc' \"$SLURM_JOB_GPUS\"")
 #: Job state reasons of a held job (a requeue that waits for someone to release it).
 HELD = ("JobHeldAdmin", "JobHeldUser", "launch_failed_requeued_held", "job_requeued_in_held_state")
 
