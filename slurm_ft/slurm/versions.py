@@ -13,6 +13,12 @@ that slurm-ft and its benchmarks rely on (docs/lab.md lists every Slurm version 
 * **Plain requeue**: ``begin_time = now + requeue_delay + 1`` s; before 26.05 ``requeue_delay`` is
   the credential lifetime (120 s), from 26.05 on ``SchedulerParameters=requeue_delay=`` sets it
   (default as before).
+* **``scontrol reconfigure``**: on 22.05 slurmctld re-reads slurm.conf in place (its start time is
+  unchanged); on 26.05 it saves its state and starts again (a new start time: what
+  ``Slurm.boot_time`` reads, and what slurm_ft.failover.reconcile takes for a restart that may have
+  lost drains), and slurmd re-executes itself in place under ``-D`` (same pid).
+* **After an expedited requeue at a node failure** (26.05) the job is eligible at once but waits for
+  the next scheduling pass (29 s in the lab); at a failed epilog it is allocated in the same RPC.
 * **When the scheduler runs after a change**: on 22.05 the epilog-complete RPC calls ``schedule()``
   at once; ``scontrol update`` only asks for a pass at the next whole-second tick of slurmctld's
   background thread.
