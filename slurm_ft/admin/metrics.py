@@ -55,7 +55,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from slurm_ft.failover import daemonlock
-from slurm_ft.journal.migrations import typed_from_text
 from slurm_ft.errors import SlurmFTError
 
 log = logging.getLogger("slurm_ft.admin.metrics")
@@ -96,10 +95,11 @@ def journal_counts(journal) -> dict:
     failovers: Counter = Counter()
     failed = 0
     recovered_from: list[tuple[int, int]] = []
-    for a in db.query("SELECT job_id, attempt, detail, status, kind FROM actions WHERE action = 'failover'"):
-        # the failover's kind, typed when its intent was written (migration 011); a refused one keeps
-        # it although its detail became Slurm's refusal (it was read as an evacuation, never counted)
-        kind = a["kind"] or typed_from_text("failover", a["detail"])["kind"]
+    for a in journal.actions_named(["failover"]):
+        # the failover's kind, typed when its intent was written (migration 011; the journal reads an
+        # older row's from its text): a refused one keeps it although its detail became Slurm's refusal
+        # (read from that text it passed for an evacuation's requeue and was never counted)
+        kind = a["kind"]
         if kind == "evacuation":              # an evacuation's requeue: not a fault
             continue
         if a["status"] == "failed":
