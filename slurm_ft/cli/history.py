@@ -28,16 +28,28 @@ from slurm_ft.journal import open_journal
 from slurm_ft.slurm.timespec import parse_time
 from slurm_ft.textsafe import terminal_safe
 
-class _JobIds(click.ParamType):
-    name = "JOBID[_TASK][,...]"
+class _Parsed(click.ParamType):
+    """An option value parsed by ``parse`` (text -> value; its ValueError becomes click's usage
+    error, the message terminal-safe). A value of type ``done`` is already parsed (click converts
+    a default or a repeated option's value again) and passes as it is."""
+
+    def __init__(self, name: str, parse, done: type):
+        self.name, self._parse, self._done = name, parse, done
 
     def convert(self, value, param, ctx):
-        if isinstance(value, list):
+        if isinstance(value, self._done):
             return value
         try:
-            return parse_job_ids(str(value))
+            return self._parse(str(value))
         except ValueError as exc:
             self.fail(terminal_safe(str(exc)), param, ctx)
+
+
+_JOB_IDS = _Parsed("JOBID[_TASK][,...]", parse_job_ids, list)
+_NODES = _Parsed("NODES", parse_nodelist, frozenset)
+_TIME = _Parsed("TIME", parse_time, float)
+_STATES = _Parsed("STATE[,STATE...]", parse_states, frozenset)
+_FORMAT = _Parsed("FIELD[%WIDTH],...", fmt.parse_format, list)
 
 
 class _Users(click.ParamType):
@@ -72,18 +84,6 @@ class _Accounts(click.ParamType):
         return [n.lower() for n in names]
 
 
-class _Nodes(click.ParamType):
-    name = "NODES"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, frozenset):
-            return value
-        try:
-            return parse_nodelist(str(value))
-        except ValueError as exc:
-            self.fail(terminal_safe(str(exc)), param, ctx)
-
-
 class _Delimiter(click.ParamType):
     name = "CHARACTERS"
 
@@ -92,42 +92,6 @@ class _Delimiter(click.ParamType):
             return fmt.check_delimiter(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
-
-
-class _Time(click.ParamType):
-    name = "TIME"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_time(str(value))
-        except ValueError as exc:
-            self.fail(terminal_safe(str(exc)), param, ctx)
-
-
-class _States(click.ParamType):
-    name = "STATE[,STATE...]"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, frozenset):
-            return value
-        try:
-            return parse_states(str(value))
-        except ValueError as exc:
-            self.fail(terminal_safe(str(exc)), param, ctx)
-
-
-class _Format(click.ParamType):
-    name = "FIELD[%WIDTH],..."
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            return fmt.parse_format(str(value))
-        except ValueError as exc:
-            self.fail(terminal_safe(str(exc)), param, ctx)
 
 
 def _helpformat(ctx, param, value):
@@ -142,7 +106,7 @@ def _midnight(now: float) -> float:
 
 
 @click.command(name="ft-history")
-@click.option("-j", "--jobs", "job_ids", type=_JobIds(), multiple=True,
+@click.option("-j", "--jobs", "job_ids", type=_JOB_IDS, multiple=True,
               help="Job ids, comma-separated; repeatable. As sacct: an array's id selects all its tasks, "
                    "ID_TASK one task, ID_[1-3,5] several. Without -j: every ft job in the time window.")
 @click.option("-u", "--user", "--uid", "users", type=_Users(), multiple=True,
@@ -153,18 +117,18 @@ def _midnight(now: float) -> float:
 @click.option("-A", "--accounts", "--account", "accounts", type=_Accounts(), multiple=True,
               help="Only jobs of these Slurm accounts (comma-separated; repeatable; case-insensitive, as Slurm "
                    "keeps accounts in lower case). Combines with -u/-a: still only jobs you may see.")
-@click.option("-N", "--nodelist", "nodelist", type=_Nodes(), multiple=True,
+@click.option("-N", "--nodelist", "nodelist", type=_NODES, multiple=True,
               help="Only jobs with an attempt, a verdict or an action on these nodes in the time window (a Slurm "
                    "hostlist, g[001-004],n1; repeatable); combines with -u/-a/-A/-s/-j. After the jobs, each "
                    "node's drains and repair steps (in --json: the \"nodes\" key; not with -p/-P).")
-@click.option("-S", "--starttime", "start", type=_Time(),
+@click.option("-S", "--starttime", "start", type=_TIME,
               help="Jobs active at or after this time (Slurm time formats: YYYY-MM-DD[THH:MM[:SS]], "
                    "MMDD[YY], now-2days, ...). Default: 00:00 today; with -j: no limit.")
-@click.option("-E", "--endtime", "end", type=_Time(), help="Jobs active at or before this time. Default: now.")
-@click.option("-s", "--state", "states", type=_States(), multiple=True,
+@click.option("-E", "--endtime", "end", type=_TIME, help="Jobs active at or before this time. Default: now.")
+@click.option("-s", "--state", "states", type=_STATES, multiple=True,
               help="Only jobs in these ft states (completed, max-retries-exceeded, ...) or with an attempt in "
                    "these Slurm states (FAILED, NF, RQ, ...); comma-separated.")
-@click.option("-o", "--format", "columns", type=_Format(),
+@click.option("-o", "--format", "columns", type=_FORMAT,
               help=f"Fields to print, comma-separated, FIELD%N for a width (negative: left-justified), or ALL. "
                    f"Default: {fmt.CHAIN_FORMAT} under each job; with -X: {fmt.JOB_FORMAT}; with -p, -P, "
                    f"-X -D: {fmt.LIST_FORMAT}.")

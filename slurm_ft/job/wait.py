@@ -1,4 +1,5 @@
-"""``slurm-ft wait JOBID``: wait for a job's true final state; the exit code is its ft outcome.
+"""What ``slurm-ft wait JOBID`` reads (its command line: slurm_ft.cli.wait): a job's true final
+state (:func:`look`), and the exit code of each ft outcome (:data:`EXIT_CODES`).
 
 Run by the job's owner (or anyone Slurm lets see the job), anywhere Slurm's commands work.
 Reads only Slurm: the live record (``scontrol show job``: state and AdminComment) and the
