@@ -25,7 +25,11 @@ stage                 source
 ``first_line``        mtime of the job's output file when its ``attempt 1 on`` line is first seen
 ====================  ===========================================================================
 
-Per-stage medians follow as ``<stage>_median_s``.
+Per-stage medians follow as ``<stage>_median_s``, then ``tick_wait_median_s``: from
+``StartTime=now`` (the job eligible) to ``sched: Allocate``, the wait for slurmctld's
+once-a-second background scheduling pass, Slurm's part that no slurm-ft step shortens (22.05
+runs ``schedule()`` at once only in the epilog-complete RPC; docs/architecture.md, "Fault to
+RUNNING: slurm-ft's part and Slurm's").
 """
 
 import argparse
@@ -199,6 +203,10 @@ def main() -> int:
     for s in STAGES:
         if stages[s]:
             print(f"{s}_median_s={statistics.median(stages[s]):.3f}")
+    waits = [a - e for a, e in zip(stages["allocated"], stages["start_time"])] \
+        if len(stages["allocated"]) == len(stages["start_time"]) else []
+    if waits:
+        print(f"tick_wait_median_s={statistics.median(waits):.3f}")
     print(f"max_s={max(running):.3f}")
     print(f"training_again_median_s={statistics.median(started):.3f}")
     print(f"median_s={statistics.median(running):.3f}")

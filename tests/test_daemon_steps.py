@@ -148,3 +148,74 @@ def test_plan_jobs_backs_off_a_job_whose_handling_fails_and_plans_the_others(w, 
     d._plan_jobs(now, {a: w.slurm.job(a), b: w.slurm.job(b)}, fresh=set(), resumed=set())
     assert planned == [b]
     assert d._errors == {a: 1} and d._backoff[a] == now + 1.0 and d._watch[a] == now + 1.0
+
+
+# ------------------------------------------------------------------ issue 23: fault -> eligible
+def _job_updates(w, jid, since):
+    return [dict(a.split("=", 1) for a in c.args[2:]) for c in w.slurm.calls
+            if c.t >= since and c.cmd == "scontrol" and c.args[:1] == ("update",) and c.args[1] == f"JobId={jid}"]
+
+
+def test_a_failover_that_excludes_every_node_of_the_attempt_clears_the_delay_in_its_one_update(tmp_path, monkeypatch):
+    """The exclusion, the priority and ``StartTime=now`` go in one ``scontrol update``: one RPC,
+    and no second update for slurmctld to hold while it asks slurmdbd for the new run's index."""
+    from daemon_world import XID79, World
+
+    w = World(tmp_path, nodes=3, monkeypatch=monkeypatch)
+    jid = w.start()
+    node = w.job(jid).nodes[0]
+    w.step()
+    since = w.clock()
+    w.slurm.end(jid, verdicts={node: XID79}, epilogs=True)
+    w.step(dt=0.05, n=6)
+    updates = _job_updates(w, jid, since)
+    first = next(u for u in updates if "ExcNodeList" in u)
+    assert first["ExcNodeList"] == node and first["StartTime"] == "now" and "Priority" in first
+    assert not [u for u in updates if set(u) == {"StartTime"}]      # no second update for it
+    assert w.job(jid).state == "RUNNING" and node not in w.job(jid).nodes
+
+
+def test_a_job_that_may_land_on_a_node_it_just_left_keeps_its_delay_in_that_update(tmp_path, monkeypatch):
+    """A 2-node job that lost one node: the other may take it again, whose slurmd refuses a
+    credential made in the second the old one was revoked; the update carries no StartTime (the
+    daemon clears the delay REQUEUE_SETTLE_S later, as before)."""
+    from daemon_world import XID79, World
+
+    w = World(tmp_path, nodes=4, monkeypatch=monkeypatch)
+    jid = w.start(node_count=2)
+    bad = w.job(jid).nodes[0]
+    w.step()
+    since = w.clock()
+    w.slurm.end(jid, verdicts={bad: XID79}, epilogs=True)
+    w.step(dt=0.05, n=6)
+    first = next(u for u in _job_updates(w, jid, since) if "ExcNodeList" in u)
+    assert first["ExcNodeList"] == bad and "StartTime" not in first
+
+
+def test_a_failover_imports_nothing_the_daemon_did_not_import_at_start(tmp_path):
+    """``effects.warm()`` (called as the daemon starts) leaves no import for the first failover:
+    in a fresh interpreter, the cycle that fails a job over loads no new slurm_ft module."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from pathlib import Path
+from daemon_world import XID79, World
+from slurm_ft.failover.effects import warm
+w = World(Path({str(tmp_path)!r}), nodes=3)
+warm()
+jid = w.start()
+node = w.job(jid).nodes[0]
+w.step()
+w.slurm.end(jid, verdicts={{node: XID79}}, epilogs=True)
+before = set(sys.modules)
+w.step(dt=0.05)
+assert w.job(jid).restart == 1, w.job(jid)
+print(sorted(m for m in set(sys.modules) - before if m.startswith("slurm_ft")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

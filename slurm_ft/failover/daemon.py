@@ -139,6 +139,9 @@ class Daemon:
         from slurm_ft.failover import daemonlock
 
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
+        from slurm_ft.failover.effects import warm
+
+        warm()     # the first failover after a start pays no imports
         log.info("slurm-ft daemon started (journal %s, events %s)", self.journal.path,
                  getattr(self.events, "dir", None) or "none")
         while not self._stop:

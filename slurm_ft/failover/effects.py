@@ -36,6 +36,22 @@ REQUEUE_TRIES = 5
 RESUMED_ACTS = ("failover", "release", "evacuation", "continue")
 
 
+#: Modules a failover imports on first use (the classifier's rule table, the constraint check, the
+#: owner's notice): imported when the daemon starts (:func:`warm`), so that the first failover
+#: after a start does not pay ~70 ms of imports (measured on the lab) between the verdict and the
+#: requeue.
+FAILOVER_IMPORTS = ("slurm_ft.classify.recurrence", "slurm_ft.failover.constraints", "slurm_ft.failover.owner",
+                    "slurm_ft.failover.ckpt_signal")
+
+
+def warm() -> None:
+    """Import :data:`FAILOVER_IMPORTS` now (at daemon start)."""
+    import importlib
+
+    for name in FAILOVER_IMPORTS:
+        importlib.import_module(name)
+
+
 class Effects:
     """Carries out actions for the daemon ``d`` (its Slurm, journal, config, node view, clock)."""
 

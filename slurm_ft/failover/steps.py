@@ -123,6 +123,8 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
         target = boosted_priority(top, priority_boost, ceiling, fresh.priority or 0)
         if target:
             fields["Priority"] = str(target)
+        if start_now(journal, fresh, attempt, excluded):
+            fields["StartTime"] = "now"
     step = journal.intend(job_id, attempt, "update", str(job_id), " ".join(f"{k}={v}" for k, v in fields.items()))
     try:
         slurm.update_job(job_id, **fields)
@@ -131,6 +133,20 @@ def exclude_and_boost(slurm, journal, job_id: int, attempt: int, blamed: list[st
         journal.finish(step, "failed", str(exc))
     journal.upsert_job(job_id, excluded_nodes=compress_nodes(excluded))
     return outcome
+
+
+def start_now(journal, fresh: Job, attempt: int, excluded: list[str]) -> bool:
+    """Whether the failover's one ``scontrol update`` may carry ``StartTime=now`` too (issue 23:
+    one RPC, and one chance less to meet slurmctld's up-to-1-s hold of updates while it asks
+    slurmdbd for the requeued run's accounting index): only for a job Slurm has finished
+    requeueing (not COMPLETING: until then its requeue delay is set again at the end) whose
+    every node of ``attempt`` is excluded (elsewhere, no slurmd there holds the revoked
+    credential of the run just ended: see :func:`clear_requeue_delay`). Otherwise the daemon
+    clears the delay later (machine._restart)."""
+    if fresh.completing or fresh.state != "PENDING":
+        return False
+    left = {n for a in journal.attempts(fresh.job_id) if a["attempt"] == attempt for n in split_nodes(a.get("nodes") or "")}
+    return bool(left) and left <= set(excluded)
 
 
 def feasibility(slurm, journal, fresh: Job, attempt: int, excluded: list[str], blamed, *, nodes: list,

@@ -10,9 +10,11 @@ that slurm-ft and its benchmarks rely on (docs/lab.md lists every Slurm version 
   ``begin_time = 0`` (eligible at once) as the highest-priority job; if none failed it is requeued
   **held** (state ``REQUEUE_HOLD``; slurmctld: ``holding expedited requeue ... as no epilogs
   failed``): it never runs again by itself. ``scontrol show job`` prints ``ExpeditedRequeue=Yes``.
-* **Plain requeue**: ``begin_time = now + requeue_delay + 1`` s; before 26.05 ``requeue_delay`` is
-  the credential lifetime (120 s), from 26.05 on ``SchedulerParameters=requeue_delay=`` sets it
-  (default as before).
+* **Plain requeue**: ``begin_time = now + requeue_delay + 1`` s unless the job's begin time is
+  already later (``batch_requeue_fini``, run when the job's last epilog completes); before 25.11
+  ``requeue_delay`` is the credential lifetime (``AuthInfo=cred_expire``, at least 5 s, 120 s by
+  default), from 25.11 on ``SchedulerParameters=requeue_delay=`` sets it (default as before;
+  read in the 25.11.0 and 26.05.3 sources).
 * **``scontrol reconfigure``**: on 22.05 slurmctld re-reads slurm.conf in place (its start time is
   unchanged); on 26.05 it saves its state and starts again (a new start time: what
   ``Slurm.boot_time`` reads, and what slurm_ft.failover.reconcile takes for a restart that may have
