@@ -30,6 +30,12 @@ and, on Slurm >= 25.11 when asked for (``--config slurm-ft-expedite``), an exper
   ``Epilog error`` replace slurm-ft's?) and the job's restart count (a double requeue). Measured and
   decided against: docs/architecture.md, "Riding on Slurm's expedited requeue (26.05)".
 
+* ``slurm-ft-handoff`` (Slurm >= 25.11): slurm-ft with the hand-off on (``[failover]
+  handoff_wait_s = 2`` in the lab's slurm-ft.toml, the daemon restarted on it) and
+  ``SchedulerParameters`` + ``requeue_delay=-1`` (a requeued job eligible the moment its epilogs
+  end): the epilog of a failed 1-node ft job waits for the daemon's requeue, so that slurmctld
+  starts the job in the epilog-complete RPC (slurm_ft/node/handoff.py).
+
 The lab is switched between the two with ``scontrol reconfigure`` and a probe job that proves which
 epilog slurmd runs (benchmarks/job_overhead.py's ``variant()`` and ``Bench.apply``); its own
 slurm.conf is put back at the end, also on an error or SIGTERM (a copy is kept beside it while the
@@ -70,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import statistics
@@ -104,7 +111,10 @@ FT_EXPEDITE = "vs-slurm-ft-expedite-epilog"
 #: The site epilog as copied beside the lab's slurm.conf (a Docker lab's containers see only that folder).
 SITE_EPILOG = "vs-slurm-xid-drain-epilog.sh"
 SAVED = "vs_slurm.slurm.conf.orig"
-CONFIGS = ("slurm", "slurm-ft", "slurm-ft-expedite")
+CONFIGS = ("slurm", "slurm-ft", "slurm-ft-expedite", "slurm-ft-handoff")
+#: Lines a configuration adds to the ``[failover]`` table of the lab's slurm-ft.toml.
+FT_SETTINGS = {"slurm-ft-handoff": "handoff_wait_s = 2.0"}
+SAVED_TOML = "vs_slurm.slurm-ft.toml.orig"
 #: A job that ended, not requeued, and stayed so this long (s) counts as not requeued.
 SETTLED_S = 12.0
 STEP_S = 0.1
@@ -402,7 +412,26 @@ def configurations(blab, original: str, version: str, wanted: list[str]) -> dict
             sys.exit(f"--config slurm-ft-expedite needs Slurm >= 25.11 (expedited requeue); this lab runs {version}")
         text = EXPEDITE_EPILOG.read_text().replace("@FT_EPILOG@", conf_value(original, "Epilog") or "/bin/true")
         confs["slurm-ft-expedite"] = variant(original, {"Epilog": blab.write_extra(FT_EXPEDITE, text), **sched})
+    if "slurm-ft-handoff" in wanted:
+        if not expedite:
+            sys.exit(f"--config slurm-ft-handoff needs Slurm >= 25.11 (requeue_delay); this lab runs {version}")
+        confs["slurm-ft-handoff"] = variant(original, {"SchedulerParameters": with_param(
+            conf_value(original, "SchedulerParameters"), "requeue_delay=-1")})
     return confs
+
+
+def ft_settings(toml: Path, original: str, config: str) -> bool:
+    """Write the lab's slurm-ft.toml for ``config`` (``original`` plus :data:`FT_SETTINGS` under
+    ``[failover]``); True when its text changed (the daemon must start again to read it)."""
+    extra = FT_SETTINGS.get(config)
+    text = original.replace("[failover]\n", f"[failover]\n{extra}\n", 1) if extra else original
+    if toml.read_text() == text:
+        return False
+    tmp = toml.with_name(".slurm-ft.toml.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, toml)
+    return True
 
 
 def summary(rows: list[dict]) -> None:
@@ -442,6 +471,9 @@ def summary(rows: list[dict]) -> None:
     print(f"slurm_wrong_actions={alone}")
     print(f"slurm_ft_gpu_s_lost={sum(r['gpu_s_lost'] for (s, c), r in latest.items() if c == 'slurm-ft'):.1f}")
     print(f"slurm_gpu_s_lost={sum(r['gpu_s_lost'] for (s, c), r in latest.items() if c == 'slurm'):.1f}+")
+    if any(c == "slurm-ft-handoff" for (s, c) in latest):
+        print("slurm_ft_handoff_wrong_actions="
+              f"{sum(r['wrong_actions'] for (s, c), r in latest.items() if c == 'slurm-ft-handoff')}")
     if any(c == "slurm-ft-expedite" for (s, c) in latest):
         print("slurm_ft_expedite_wrong_actions="
               f"{sum(r['wrong_actions'] for (s, c), r in latest.items() if c == 'slurm-ft-expedite')}")
@@ -460,7 +492,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="repeatable; default: all")
     ap.add_argument("--config", default="both",
-                    help="comma list of " + ", ".join(CONFIGS) + " (slurm-ft-expedite: Slurm >= 25.11 only); "
+                    help="comma list of " + ", ".join(CONFIGS) + " (slurm-ft-expedite, slurm-ft-handoff: Slurm >= 25.11 "
+                         "only); "
                          "'both' (default): slurm,slurm-ft")
     ap.add_argument("--engine", choices=("native", "docker"), default="native")
     ap.add_argument("--slurm", default="26.05", help="the Docker lab's Slurm version (--engine docker)")
@@ -505,6 +538,10 @@ def main() -> int:
             sys.exit(f"{blab.conf_path} runs a benchmark epilog and no saved copy is left: take the lab down and up")
         original = saved.read_text()
     saved.write_text(original)
+    toml = blab.conf_path.with_name("slurm-ft.toml")
+    saved_toml = blab.extra_dir / SAVED_TOML
+    toml_original = saved_toml.read_text() if saved_toml.exists() else toml.read_text()
+    saved_toml.write_text(toml_original)
     blab.reset()
     confs = configurations(blab, original, version, configs)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
@@ -514,6 +551,8 @@ def main() -> int:
             # every other scenario in reverse order: one slurm.conf switch fewer each time, and each
             # configuration goes first as often as second
             for config in (configs if i % 2 == 0 else configs[::-1]):
+                if ft_settings(toml, toml_original, config) and config != "slurm":
+                    blab.daemon_stop()          # to read the new settings
                 if config == "slurm":
                     blab.daemon_stop()
                 else:
@@ -532,6 +571,9 @@ def main() -> int:
                     fh.write(json.dumps(asdict(row)) + "\n")
     finally:
         blab.restore(original)
+        if ft_settings(toml, toml_original, "slurm-ft"):
+            blab.daemon_stop()
+        saved_toml.unlink(missing_ok=True)
         blab.daemon_start()
         blab.reset()
         saved.unlink(missing_ok=True)

@@ -99,6 +99,13 @@ class FailoverConfig:
     mailbox_field: str = "Extra"
     #: Verdict records kept per node mailbox (oldest dropped first).
     mailbox_keep: int = 16
+    #: The hand-off (slurm_ft.node.handoff): seconds the epilog of a 1-node ft job that posted a
+    #: hardware verdict waits for the daemon to requeue the job before it exits, and the daemon
+    #: decides such a failover while the job is COMPLETING. Pays only where slurmctld makes a
+    #: requeued job eligible when its epilogs end (Slurm >= 25.11 with
+    #: ``SchedulerParameters=requeue_delay=-1``): it then starts in the epilog-complete RPC.
+    #: 0 = off (the default: elsewhere it makes the job eligible later).
+    handoff_wait_s: float = 0.0
     #: ``slurm-ft health --act`` (HealthCheckProgram) resumes a node slurm-ft drained once every
     #: check passes. Off by default: an admin decides when a drained node comes back.
     auto_resume: bool = False
@@ -345,6 +352,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"failover.scan_interval_s: must be >= 0, got {f.scan_interval_s}")
     if f.node_poll_s <= 0:
         raise ConfigError(f"failover.node_poll_s: must be > 0, got {f.node_poll_s}")
+    if not 0 <= f.handoff_wait_s <= 30:
+        raise ConfigError(f"failover.handoff_wait_s: must be between 0 and 30, got {f.handoff_wait_s}")
     if f.mailbox_field not in ("Extra", "Comment"):
         raise ConfigError(f"failover.mailbox_field: Extra or Comment, got {f.mailbox_field!r}")
     if cfg.nvml.backend not in ("real", "fake"):

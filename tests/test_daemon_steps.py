@@ -219,3 +219,36 @@ print(sorted(m for m in set(sys.modules) - before if m.startswith("slurm_ft")))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ issue 23: fault -> RUNNING
+def test_a_one_node_fault_is_requeued_while_its_epilog_runs(tmp_path, monkeypatch):
+    """With the hand-off on (``[failover] handoff_wait_s``), the epilog posts its hardware verdict and holds the job in COMPLETING (slurm_ft.node.handoff):
+    the daemon, woken by the end event, reads that one node's mailbox, and requeues, excludes and boosts the job before the epilog ends; once it ends, StartTime=now
+    and the job runs on another node."""
+    import dataclasses
+
+    from daemon_world import XID79, World
+    from slurm_ft.failover import mailbox
+
+    w = World(tmp_path, nodes=3, monkeypatch=monkeypatch)
+    w.cfg = dataclasses.replace(w.cfg, failover=dataclasses.replace(w.cfg.failover, handoff_wait_s=2.0))
+    w.daemon = w.new_daemon()
+    jid = w.start()
+    node = w.job(jid).nodes[0]
+    w.step()
+    w.slurm.end(jid)                                        # COMPLETING: the epilog runs
+    v, rule, xids = XID79
+    w.slurm.post(node, mailbox.Record(jid, 0, v, rule, tuple(xids), 1, w.clock()))
+    since = w.clock()
+    for _ in range(10):
+        w.step(dt=0.05)
+        if w.job(jid).restart:
+            break
+    job = w.job(jid)
+    assert job.restart == 1 and job.completing == {node}   # requeued while its epilog still runs
+    assert node in job.excluded and w.ft_state(jid) == "failover-in-progress"
+    assert w.clock() - since <= 0.2                         # within a few 50 ms looks
+    w.slurm.run_epilogs(jid)
+    w.step(dt=0.05, n=4)
+    assert w.job(jid).state == "RUNNING" and node not in w.job(jid).nodes

@@ -400,6 +400,26 @@ def test_doctor_names_the_slurm_version_and_the_failover_path(site, version, par
     assert ("requeues with ExcNodeList" in check.detail) == (mode == "act")
 
 
+@pytest.mark.parametrize("wait,version,sched,want", [
+    (0.0, "26.05.5", "requeue_delay=-1", None),                 # off: no line
+    (2.0, "26.05.5", "batch_sched_delay=0,requeue_delay=-1", "OK"),
+    (2.0, "25.11.7", "requeue_delay=-1", "OK"),
+    (2.0, "26.05.5", "batch_sched_delay=0", "WARN"),            # the job is eligible after its delay
+    (2.0, "26.05.5", "requeue_delay=0", "WARN"),
+    (2.0, "26.05.5", "requeue_delay=-x", "WARN"),
+    (2.0, "22.05.8", "requeue_delay=-1", "WARN"),               # 22.05 has no requeue_delay
+])
+def test_doctor_says_whether_the_handoff_pays_on_this_slurm(site, wait, version, sched, want):
+    conf = doctor.lower_keys(parse_config(site["show"]))
+    conf.update(slurm_version=version, schedulerparameters=sched)
+    env = env_for(site, roles=("controller",), conf=conf)
+    env.cfg = config_mod.from_dict({"failover": {"handoff_wait_s": wait}})
+    check = by_name(doctor.run(env)).get("handoff")
+    assert (check and check.status) == want
+    if want == "WARN":
+        assert "handoff_wait_s = 0" in check.fix and "requeue_delay=-1" in check.fix
+
+
 def test_doctor_failover_path_without_scontrol_says_the_version_is_unknown(site):
     conf = doctor.lower_keys(parse_config(site["show"]))
     conf.pop("slurm_version", None)

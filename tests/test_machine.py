@@ -117,6 +117,52 @@ def test_completing_jobs_are_looked_at_again_not_decided():
     assert kinds(out) == ["Wake"]
 
 
+HANDOFF = replace(CFG, handoff_wait_s=2.0)
+
+
+def handoff_view(now=NOW) -> m.View:
+    return m.View(now, {}, HANDOFF, top_priority=100)
+
+
+def test_a_one_node_failure_with_its_epilogs_hardware_verdict_fails_over_while_completing():
+    """Issue 23, with the hand-off on: requeued while its epilog runs, a Slurm that makes it
+    eligible at once (requeue_delay=-1) restarts it from the epilog-complete RPC."""
+    for reason in m.FAILED_REASONS:
+        out = m.plan(job(state="COMPLETING", reason=reason), facts(verdicts=[HW]), handoff_view())
+        assert kinds(out) == ["Failover"] and out[-1].blamed == ("n1",) and out[-1].slurm_state == "FAILED"
+    # the hand-off off (the default): decided once the job has left COMPLETING, as before
+    assert kinds(m.plan(job(state="COMPLETING"), facts(verdicts=[HW]), view())) == ["Wake"]
+
+
+def test_only_proof_of_a_failed_one_node_job_decides_while_completing():
+    """Anything short of proof waits for the job to leave COMPLETING, as before: a cancel (its
+    reason unchanged), a timeout, an OOM kill; several nodes (another epilog may still post);
+    a verdict of another node, a prolog health verdict, no hardware verdict; a decided attempt;
+    a decision other than a failover (the retry budget used up)."""
+    health = replace(HW, rule=policy.HEALTH_RULE + "gpu-count")
+    other = replace(HW, node="n2")
+    cases = [(job(state="COMPLETING", reason=r), facts(verdicts=[HW]))
+             for r in ("None", "TimeLimit", "OutOfMemory", "")]
+    cases += [(job(state="COMPLETING", nodes="n[1-2]"), facts(verdicts=[HW])),
+              (job(state="COMPLETING"), facts(verdicts=[other])),
+              (job(state="COMPLETING"), facts(verdicts=[health])),
+              (job(state="COMPLETING"), facts(verdicts=[USER])),
+              (job(state="COMPLETING"), facts(verdicts=[HW], actions=[act("failover")])),
+              (job(state="COMPLETING"), replace(facts(verdicts=[HW]), row={"ft_state": policy.RUNNING,
+                                                                            "retries": 0}))]
+    for j, f in cases:
+        assert kinds(m.plan(j, f, handoff_view())) == ["Wake"], (j.reason, j.nodes, f.verdicts, f.actions)
+
+
+def test_a_requeued_job_still_completing_is_not_decided_again():
+    """After the early failover Slurm shows the job COMPLETING with the next restart count: no
+    verdict of that attempt exists, nothing is decided, the daemon looks again."""
+    done = [act("failover", detail=json.dumps({"reason": "x", "blamed": ["n1"]}), target="n1", kind="blamed")]
+    out = m.plan(job(state="COMPLETING", restart=1), facts(state=policy.FAILOVER, actions=done, verdicts=[HW]),
+                 handoff_view())
+    assert kinds(out) == ["Wake"]
+
+
 def test_node_fail_requeue_by_slurm_is_a_hardware_fault():
     pend = job(state="PENDING", restart=1, nodes="", reason="BeginTime")
     out = m.plan(pend, facts(), view([node("n1", "down", ["NOT_RESPONDING"])]))

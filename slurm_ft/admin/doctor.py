@@ -459,10 +459,34 @@ def check_failover_path(env: Env) -> list[Check]:
                   "their previous nodes")]
 
 
+def check_handoff(env: Env) -> list[Check]:
+    """Whether the epilog's hand-off (``[failover] handoff_wait_s``, slurm_ft.node.handoff) pays
+    on this Slurm: it does only where slurmctld makes a requeued job eligible the moment its
+    epilogs end, Slurm >= 25.11 with ``SchedulerParameters=requeue_delay=-1`` (the job then
+    starts in the epilog-complete RPC: 1.55 -> 0.68 s on the 26.05 lab, docs/architecture.md
+    "Fault to RUNNING"); elsewhere it makes the job eligible later. Off: nothing to say."""
+    wait = getattr(getattr(env.cfg, "failover", None), "handoff_wait_s", 0) or 0
+    if wait <= 0:
+        return []
+    version = slurm_version(env.conf)
+    params = [p.strip() for p in (env.conf.get("schedulerparameters") or "").split(",")]
+    immediate = any(p.startswith("requeue_delay=") and p.split("=", 1)[1].strip().lstrip("-").isdigit()
+                    and int(p.split("=", 1)[1]) < 0 for p in params)
+    if version is not None and version >= EXPEDITE_SINCE and immediate:
+        return [Check("handoff", "OK", f"hand-off on ({wait:g} s) with requeue_delay < 0: a failed 1-node ft job "
+                      "is requeued while its epilog runs and starts in the epilog-complete RPC")]
+    why = ("Slurm before 25.11 has no requeue_delay" if version is not None and version < EXPEDITE_SINCE
+           else "SchedulerParameters has no requeue_delay=-1")
+    return [Check("handoff", "WARN", f"hand-off on ({wait:g} s) but {why}: a requeued job is eligible only after "
+                  "its requeue delay, so the hand-off makes it eligible later, not sooner",
+                  "set [failover] handoff_wait_s = 0, or (Slurm >= 25.11) add requeue_delay=-1 to "
+                  "SchedulerParameters; docs/architecture.md, \"Fault to RUNNING\"")]
+
+
 NODE_CHECKS = (check_prolog, check_epilog, check_plugstack, check_cli_filter, check_journals, check_health_scope,
                check_nvml, check_kernel_log)
 CONTROLLER_CHECKS = (check_prolog, check_epilog, check_job_submit, check_cli_filter, check_plugstack,
-                     check_journals, check_daemon, check_failover_path)
+                     check_journals, check_daemon, check_failover_path, check_handoff)
 
 
 def run(env: Env) -> list[Check]:

@@ -361,7 +361,31 @@ class Daemon:
             for jid in sorted((fresh | self._health_candidates()) - set(jobs)):
                 if self._backoff.get(jid, 0.0) <= now:
                     self._read(jid, jobs)
+        elif self._early and self.cfg.failover.handoff_wait_s > 0:
+            fresh = self._peek_mailboxes(jobs)
         return fresh
+
+    def _peek_mailboxes(self, jobs: dict[int, Job | None]) -> set[int]:
+        """In an early cycle, with the hand-off on (``[failover] handoff_wait_s``): the mailbox of
+        the one node of each followed 1-node job still COMPLETING (``scontrol show node N``, one RPC per job: never the node list), so that its
+        epilog's verdict is seen while the epilog runs and the failover is decided before the job
+        leaves COMPLETING (machine._decide_completing). Returns the ids of jobs with new
+        verdicts; a refused read is logged at debug level (the next look or the node list
+        after COMPLETING finds the verdict)."""
+        from types import SimpleNamespace
+
+        field = self.cfg.failover.mailbox_field
+        peek = []
+        for jid, job in jobs.items():
+            names = split_nodes(job.nodes) if job is not None and job.completing and jid in self._follow else []
+            if len(names) == 1:
+                try:
+                    rec = self.slurm.show_node(names[0])
+                except SlurmCommandError as exc:
+                    log.debug("job %s: mailbox of %s not read: %s", jid, names[0], exc)
+                    continue
+                peek.append(SimpleNamespace(name=names[0], **{field.lower(): rec.get(field, "")}))
+        return self.ingest_mailboxes(peek) if peek else set()
 
     def _resume(self, now: float, intents: list[dict], jobs: dict[int, Job | None]) -> set[int]:
         """Resume each unfinished action (``intents``) whose job was read this cycle, is not

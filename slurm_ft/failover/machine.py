@@ -68,6 +68,12 @@ ACK_POLL_S = 2.0
 #: daemon decides the attempt on that verdict (slurmctld ends such a copy within seconds once the
 #: node's slurmd reports it gone; 22.05 restored one with no node allocated, which it never ends).
 GHOST_GRACE_S = 60.0
+#: Slurm's state reasons of a job that ended by its own exit status or signal (``_job_complete``:
+#: ``FAIL_EXIT_CODE``, ``FAIL_LAUNCH``; the same names on 22.05, 24.11 and 26.05). While its epilogs
+#: run, ``scontrol show job`` says only ``COMPLETING``: this reason is the one proof that the job
+#: FAILED and was not cancelled (reason unchanged, ``None``), timed out (``TimeLimit``) or ran out
+#: of memory (``OutOfMemory``): no other job may be decided before it leaves COMPLETING.
+FAILED_REASONS = ("NonZeroExitCode", "JobLaunchFailure")
 #: Journal action of ``slurm-ft drain --checkpoint``: an admin asks the daemon to evacuate a job
 #: (status intent until :func:`_evacuation_request` answers it).
 EVACUATE_REQUEST = "evacuate-request"
@@ -328,6 +334,9 @@ def plan(job: Job, f: Facts, v: View) -> list[Action]:
         return out + _running(job, f, v, ack)
     if not job.ended:
         if job.completing:
+            early = _decide_completing(job, f, v, attempt, state)
+            if early:
+                return out + early
             out.append(Wake(job.job_id, attempt, v.now + v.poll_s, "epilogs running"))
         elif job.state != "PENDING":   # configuring, prolog running: look again once it runs
             out.append(Wake(job.job_id, attempt, v.now + v.poll_s, "starting"))
@@ -376,6 +385,30 @@ def _rolled_back(job: Job, f: Facts, v: View) -> list[Action] | None:
     if v.now - since < GHOST_GRACE_S:
         return [Wake(job.job_id, attempt, since + GHOST_GRACE_S, "running although its epilog ended it")]
     return _decide(job, f, v, attempt, "FAILED", reopen=True)
+
+
+def _decide_completing(job: Job, f: Facts, v: View, attempt: int, state: str) -> list[Action]:
+    """The failover of a 1-node attempt decided while its epilog still runs (issue 23; only with
+    the hand-off on, ``[failover] handoff_wait_s`` > 0: slurm_ft.node.handoff): the
+    epilog of its one node posted a hardware verdict (the only epilog there is, so no other
+    verdict can come) and Slurm's reason says the job FAILED (:data:`FAILED_REASONS`). Requeued
+    now, Slurm finishes the requeue in the epilog-complete RPC, and the exclusion and priority
+    are set before that, on the job record whose accounting index is still valid (after the
+    requeue slurmctld holds every ``scontrol update`` of the job up to 1 s while it asks slurmdbd
+    for a new one: measured on 22.05). [] (decide once it has left COMPLETING, as before) for
+    anything else: several nodes, another reason, a verdict that is not a hardware one from an
+    epilog, a decision that is not a failover (a final state waits for the job's real state)."""
+    nodes = split_nodes(job.nodes)
+    if (not getattr(v.failover, "handoff_wait_s", 0) or len(nodes) != 1 or job.reason not in FAILED_REASONS
+            or f.decided(attempt)
+            or state in policy.FINAL_STATES):
+        return []
+    proof = [x for x in f.verdicts_of(attempt) if x.node == nodes[0] and policy.retry_class(x) == "hardware"
+             and x.source != policy.SLURM_SOURCE and not x.rule.startswith(policy.HEALTH_RULE)]
+    if not proof:
+        return []
+    out = _decide(job, f, v, attempt, "FAILED")
+    return out if out and isinstance(out[0], Failover) else []
 
 
 def _prolog_refusal(job: Job, f: Facts) -> Release | None:

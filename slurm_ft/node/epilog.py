@@ -242,10 +242,12 @@ def run(env: dict[str, str] | None = None) -> int:
         evidence, verdict = with_recurrence(cfg, job, evidence, classify_window(evidence, policy), policy, log)
         verdict = verify_untrusted(cfg, job, verdict, log, evidence=evidence)
         verdict = with_unread_outputs(verdict, evidence)
-        record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
+        posted = record_verdict(cfg, job, verdict, start=marker.get("time") if marker else None, log=log)
         from slurm_ft.hang.watcher import epilog_cleanup
         if epilog_cleanup(cfg, job.job_id, job.node):
             log("hang watcher still running at the job's end: stopped")
+        if posted is not None and posted.verdict == "hardware":
+            hand_off(cfg, job, log)
     except SlurmFTError as exc:
         log(f"error: {exc}")
     return 0
@@ -426,11 +428,25 @@ class SlurmOnUse:
 JOURNAL_BUSY_S = 1.0
 
 
-def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None:
+def hand_off(cfg, job: NodeJob, log) -> None:
+    """Wait (at most ``[failover] handoff_wait_s``) for the daemon to requeue this failed 1-node
+    ft job before the epilog ends (slurm_ft.node.handoff: why, and what is trusted)."""
+    from slurm_ft.node.handoff import wait_for_requeue
+
+    if cfg.failover.handoff_wait_s <= 0:
+        return
+    t0 = time.monotonic()
+    why = wait_for_requeue(SlurmOnUse(cfg), job.job_id, job.attempt, cfg.failover.handoff_wait_s)
+    if why in ("requeued", "timeout"):
+        log(f"hand-off: {why} after {time.monotonic() - t0:.2f} s")
+
+
+def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log):
     """Drain (trusted hardware only, within the circuit breaker) and post the verdict to the
     mailbox for the daemon (non-ok verdicts only; a refused post waits in the node's outbox),
     then the node journal. Nothing waits on the journal: one another process holds locked gets
-    the rows through its spool (``<journal>.spool``) a moment later."""
+    the rows through its spool (``<journal>.spool``) a moment later. Returns the verdict record
+    (:class:`~slurm_ft.failover.verdict.NodeVerdict`) when the mailbox has it now, else None."""
     from slurm_ft.failover import mailbox
     from slurm_ft.failover.verdict import NodeVerdict
     from slurm_ft.journal import identity, open_node_journal
@@ -448,8 +464,11 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
             log(f"drain: {drain_node(slurm, job.node, drain_reason(job.job_id, v), breaker=cfg.breaker)}")
         except SlurmFTError as exc:
             log(f"drain failed ({exc}); the daemon drains the node from the verdict")
+    posted = None
     if v.verdict != "ok":
-        if not mailbox.post_verdict(cfg, slurm, v, log=log):
+        if mailbox.post_verdict(cfg, slurm, v, log=log):
+            posted = v
+        else:
             log("verdict not posted (Slurm refused); kept in this node's outbox for the next prolog/epilog")
     else:
         mailbox.flush_outbox(cfg, slurm, job.node, log=log)
@@ -476,6 +495,7 @@ def record_verdict(cfg, job: NodeJob, verdict, start: float | None, log) -> None
         log(f"verdict evidence: {' | '.join(v.evidence)[:4000] or 'none'}")
         if v.verdict == "ok" and not mailbox.post_verdict(cfg, slurm, v):
             log("verdict not posted (Slurm refused); kept in this node's outbox for the next prolog/epilog")
+    return posted
 
 
 def main() -> None:

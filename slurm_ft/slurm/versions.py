@@ -14,7 +14,11 @@ that slurm-ft and its benchmarks rely on (docs/lab.md lists every Slurm version 
   already later (``batch_requeue_fini``, run when the job's last epilog completes); before 25.11
   ``requeue_delay`` is the credential lifetime (``AuthInfo=cred_expire``, at least 5 s, 120 s by
   default), from 25.11 on ``SchedulerParameters=requeue_delay=`` sets it (default as before;
-  read in the 25.11.0 and 26.05.3 sources).
+  read in the 25.11.0 and 26.05.3 sources). ``requeue_delay=-1`` makes the job eligible in the
+  epilog-complete RPC, which runs the scheduler at once (slurm_ft.node.handoff relies on it);
+  measured on 26.05.5, a job requeued that way ran again on the node it had left within the same
+  second (each run has its own ``SLUID``), where 22.05's slurmd kills such a launch ("Job
+  credential revoked").
 * **``scontrol reconfigure``**: on 22.05 slurmctld re-reads slurm.conf in place (its start time is
   unchanged); on 26.05 it saves its state and starts again (a new start time: what
   ``Slurm.boot_time`` reads, and what slurm_ft.failover.reconcile takes for a restart that may have
