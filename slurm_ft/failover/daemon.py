@@ -367,11 +367,12 @@ class Daemon:
 
     def _peek_mailboxes(self, jobs: dict[int, Job | None]) -> set[int]:
         """In an early cycle, with the hand-off on (``[failover] handoff_wait_s``): the mailbox of
-        the one node of each followed 1-node job still COMPLETING (``scontrol show node N``, one RPC per job: never the node list), so that its
-        epilog's verdict is seen while the epilog runs and the failover is decided before the job
-        leaves COMPLETING (machine._decide_completing). Returns the ids of jobs with new
-        verdicts; a refused read is logged at debug level (the next look or the node list
-        after COMPLETING finds the verdict)."""
+        the one node of each followed 1-node job still COMPLETING (``scontrol show node N``, one
+        RPC per job: never the node list), so that its epilog's verdict is seen while the epilog
+        runs and the failover is decided before the job leaves COMPLETING
+        (machine._decide_completing). Returns the ids of jobs with new verdicts; a refused read
+        is logged at debug level (the next look, or the node list after COMPLETING, finds the
+        verdict)."""
         from types import SimpleNamespace
 
         field = self.cfg.failover.mailbox_field
