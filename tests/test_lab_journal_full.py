@@ -104,7 +104,8 @@ def test_a_full_journal_disk_does_not_stop_the_failover_and_the_journal_catches_
             with open_journal(journal, readonly=True) as j:
                 fo = [a for a in j.actions(job.job_id, 0) if a["action"] == "failover"]
                 hw = [v for v in j.verdicts(job.job_id, 0) if v["verdict"] == "hardware"]
-                return (fo, hw) if fo and fo[0]["status"] == "done" and hw else None
+                ran = [a for a in j.attempts(job.job_id) if a["attempt"] == 1]   # the run elsewhere, on record
+                return (fo, hw) if fo and fo[0]["status"] == "done" and hw and ran else None
         fo, hw = wait_for(caught_up, 60, "the journal catching up")
         print(f"space back -> journal caught up: {time.monotonic() - t1:.2f} s")
         assert len(fo) == 1 and len(hw) == 1 and hw[0]["node"] == first.nodes
